@@ -1,0 +1,1 @@
+"""Example environments served by gym-sessions."""

@@ -1,0 +1,177 @@
+"""One exception hierarchy for server and client, and the JSON error body.
+
+    GymSessionsError
+     ├── StartupError               the server cannot start (bad target, port in use)
+     ├── ServerUnreachableError     the client cannot connect to the server
+     └── HTTPError                  an error with a status and a JSON body
+          ├── InvalidRequestError       400 invalid_request
+          │    ├── InvalidJSONError     400 invalid_json
+          │    └── InvalidSessionIdError 400 invalid_session_id
+          ├── InvalidTokenError         401 invalid_token
+          ├── NotFoundError             404 not_found
+          │    └── NoOpenEpisodeError   404 no_open_episode
+          ├── MethodNotAllowedError     405 method_not_allowed
+          ├── SessionConflictError      409 session_conflict
+          │    └── SessionClosedError   409 session_closed
+          ├── SessionGoneError          410 session_gone
+          ├── BodyTooLargeError         413 body_too_large
+          ├── EnvError                  500 env_error
+          ├── InternalServerError       500 internal_error
+          └── BadGatewayError           502 bad_gateway
+
+The server raises these and `error_response` renders them as
+``{"error": {"code": ..., "message": ...}}``; the client turns such a body back
+into the same class with `error_from_body`, so both sides share one mapping.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+__all__ = [
+    "BadGatewayError",
+    "BodyTooLargeError",
+    "EnvError",
+    "GymSessionsError",
+    "HTTPError",
+    "InternalServerError",
+    "InvalidJSONError",
+    "InvalidRequestError",
+    "InvalidSessionIdError",
+    "InvalidTokenError",
+    "MethodNotAllowedError",
+    "NoOpenEpisodeError",
+    "NotFoundError",
+    "ServerUnreachableError",
+    "SessionClosedError",
+    "SessionConflictError",
+    "SessionGoneError",
+    "StartupError",
+    "error_body",
+    "error_from_body",
+]
+
+
+class GymSessionsError(Exception):
+    """Base class of every error gym-sessions raises."""
+
+
+class StartupError(GymSessionsError):
+    """The server cannot start: a bad target, a port in use, a bad setting."""
+
+
+class ServerUnreachableError(GymSessionsError, ConnectionError):
+    """The client could not connect to the server at ``url``."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot reach gym-sessions server at {url}: {reason}")
+        self.url = url
+
+
+class HTTPError(GymSessionsError):
+    """An error with an HTTP status and a machine-readable code."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequestError(HTTPError):
+    status, code = 400, "invalid_request"
+
+
+class InvalidJSONError(InvalidRequestError):
+    status, code = 400, "invalid_json"
+
+
+class InvalidSessionIdError(InvalidRequestError):
+    status, code = 400, "invalid_session_id"
+
+
+class InvalidTokenError(HTTPError):
+    status, code = 401, "invalid_token"
+
+
+class NotFoundError(HTTPError):
+    status, code = 404, "not_found"
+
+
+class NoOpenEpisodeError(NotFoundError):
+    status, code = 404, "no_open_episode"
+
+
+class MethodNotAllowedError(HTTPError):
+    status, code = 405, "method_not_allowed"
+
+
+class SessionConflictError(HTTPError):
+    status, code = 409, "session_conflict"
+
+
+class SessionClosedError(SessionConflictError):
+    status, code = 409, "session_closed"
+
+
+class SessionGoneError(HTTPError):
+    status, code = 410, "session_gone"
+
+
+class BodyTooLargeError(HTTPError):
+    status, code = 413, "body_too_large"
+
+
+class EnvError(HTTPError):
+    status, code = 500, "env_error"
+
+
+class InternalServerError(HTTPError):
+    status, code = 500, "internal_error"
+
+
+class BadGatewayError(HTTPError):
+    status, code = 502, "bad_gateway"
+
+
+def _all_http_errors(cls: type[HTTPError]) -> list[type[HTTPError]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_http_errors(sub))
+    return found
+
+
+_BY_CODE: dict[str, type[HTTPError]] = {cls.code: cls for cls in _all_http_errors(HTTPError)}
+# For error replies that did not come from the framework (a proxy's page, say).
+_BY_STATUS: dict[int, type[HTTPError]] = {
+    cls.status: cls for cls in _all_http_errors(HTTPError) if cls.__base__ is HTTPError
+}
+
+
+def error_body(error: HTTPError) -> bytes:
+    """The JSON body of ``error``: ``{"error": {"code": ..., "message": ...}}``."""
+    return json.dumps({"error": {"code": error.code, "message": error.message}}).encode()
+
+
+def error_from_body(status: int, body: bytes) -> HTTPError:
+    """The exception a client raises for an error reply with ``status`` and ``body``.
+
+    A body in the framework's format maps by its code; any other error reply
+    (a proxy's HTML page, say) maps to the generic class for its status.
+    """
+    code, message = None, body[:500].decode("utf-8", "replace") or f"HTTP {status}"
+    try:
+        parsed: Any = json.loads(body)
+        code = parsed["error"]["code"]
+        message = str(parsed["error"]["message"])
+    except (ValueError, TypeError, KeyError):
+        pass
+    cls = _BY_CODE.get(code) if isinstance(code, str) else None
+    cls = cls or _BY_STATUS.get(status, HTTPError)
+    error = cls(message)
+    if error.status != status:
+        error.status = status  # type: ignore[misc]
+    return error

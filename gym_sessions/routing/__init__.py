@@ -1,0 +1,1 @@
+"""Session routing across workers: id sources, claims, the router, the hop, private sockets."""

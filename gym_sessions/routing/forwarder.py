@@ -1,0 +1,149 @@
+"""The hop: hand a request to the worker that claims its session.
+
+The request goes over the claimant's private Unix socket unchanged (method,
+raw path, query, headers less hop-by-hop ones, the body already read) and the
+reply streams back unchanged. The client per claimant is aiohttp with its own
+``UnixConnector``, no cookie jar, no default headers, no decompression and no
+total timeout. A claimant that refuses connections is gone: its client is
+discarded and the caller gets `SessionGoneError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import aiohttp
+from yarl import URL
+
+from starlette.types import Scope, Send
+
+from gym_sessions.errors import BadGatewayError, SessionGoneError
+from gym_sessions.routing.runtime_dir import RuntimeDirectory
+
+__all__ = ["HOP_BY_HOP_HEADERS", "Forwarder"]
+
+HOP_BY_HOP_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        # The body is re-sent whole; aiohttp sets its length.
+        b"content-length",
+    }
+)
+# Idle pooled connections close before the private server would drop them
+# (its keep-alive is longer), so a reused connection is never half-closed.
+_POOL_KEEPALIVE_SECONDS = 30.0
+_POOL_LIMIT = 512
+
+
+class Forwarder:
+    """Forwards requests to other workers' private sockets.
+
+    Args:
+        runtime_dir: The server's runtime directory, where private sockets live.
+    """
+
+    def __init__(self, runtime_dir: RuntimeDirectory) -> None:
+        self.socket_path = runtime_dir.socket_path
+        self._clients: dict[str, aiohttp.ClientSession] = {}
+
+    def _client(self, worker_id: str) -> aiohttp.ClientSession:
+        client = self._clients.get(worker_id)
+        if client is None or client.closed:
+            connector = aiohttp.UnixConnector(
+                path=self.socket_path(worker_id),
+                keepalive_timeout=_POOL_KEEPALIVE_SECONDS,
+                limit=_POOL_LIMIT,
+            )
+            client = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+            self._clients[worker_id] = client
+        return client
+
+    async def _discard(self, worker_id: str) -> None:
+        client = self._clients.pop(worker_id, None)
+        if client is not None:
+            await client.close()
+
+    async def forward(self, worker_id: str, scope: Scope, body: bytes, send: Send) -> None:
+        """Send the request of ``scope`` with ``body`` to ``worker_id``; stream its reply to ``send``.
+
+        Raises:
+            SessionGoneError: the claimant's socket is gone or refuses connections.
+            BadGatewayError: the claimant failed before replying for another reason.
+        """
+        headers = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in scope["headers"]
+            if name not in HOP_BY_HOP_HEADERS
+        ]
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        url = URL("http://claimant").join(URL(target.decode("latin-1"), encoded=True))
+        client = self._client(worker_id)
+        try:
+            response = await client.request(
+                scope["method"],
+                url,
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                compress=None,
+            )
+        except aiohttp.ClientConnectorError as exc:
+            await self._discard(worker_id)
+            raise SessionGoneError(
+                f"the worker that holds this session ({worker_id}) is gone"
+            ) from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # Either the claimant died while serving, or the connection broke.
+            await self._discard(worker_id)
+            if not os.path.exists(self.socket_path(worker_id)) or not await self._reachable(
+                worker_id
+            ):
+                raise SessionGoneError(
+                    f"the worker that holds this session ({worker_id}) is gone"
+                ) from exc
+            raise BadGatewayError(f"forwarding to worker {worker_id} failed: {exc}") from exc
+        async with response:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status,
+                    "headers": [
+                        (name.lower(), value)
+                        for name, value in response.raw_headers
+                        if name.lower() not in HOP_BY_HOP_HEADERS or name.lower() == b"content-length"
+                    ],
+                }
+            )
+            async for chunk in response.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _reachable(self, worker_id: str) -> bool:
+        try:
+            _, writer = await asyncio.open_unix_connection(self.socket_path(worker_id))
+        except OSError:
+            return False
+        writer.close()
+        return True
+
+    async def close(self) -> None:
+        """Close every client."""
+        for worker_id in list(self._clients):
+            await self._discard(worker_id)

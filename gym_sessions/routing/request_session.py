@@ -1,0 +1,133 @@
+"""What the router learned about a request's session, handed down in the ASGI scope."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Scope
+
+from gym_sessions.routing.session_ids import IdSource
+
+__all__ = ["REQUEST_SESSION_KEY", "RequestSession", "SessionData", "request_session"]
+
+REQUEST_SESSION_KEY = "gym_sessions.request_session"
+_NO_BODY = object()
+
+
+class SessionData(dict):
+    """``request.session``: a dict that records whether the handler read or wrote it.
+
+    The router claims a new session only if its handler used the session, so
+    every read or write of this dict counts.
+    """
+
+    accessed: bool = False
+    modified: bool = False
+
+    def _read(self) -> None:
+        self.accessed = True
+
+    def _write(self) -> None:
+        self.accessed = self.modified = True
+
+    def __getitem__(self, key: Any) -> Any:
+        self._read()
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self._read()
+        return super().__contains__(key)
+
+    def __iter__(self) -> Any:
+        self._read()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._read()
+        return super().__len__()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._read()
+        return super().get(key, default)
+
+    def keys(self) -> Any:
+        self._read()
+        return super().keys()
+
+    def values(self) -> Any:
+        self._read()
+        return super().values()
+
+    def items(self) -> Any:
+        self._read()
+        return super().items()
+
+    def copy(self) -> dict:
+        self._read()
+        return dict(super().items())
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._write()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._write()
+        super().__delitem__(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self._write()
+        return super().pop(key, *default)
+
+    def popitem(self) -> Any:
+        self._write()
+        return super().popitem()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self._write()
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._write()
+        super().update(*args, **kwargs)
+
+    def clear(self) -> None:
+        self._write()
+        super().clear()
+
+
+@dataclass
+class RequestSession:
+    """The session a request names, as the router found it.
+
+    Attributes:
+        session_id: The id (found or minted).
+        source: Which source named it.
+        claims_first: The request is claimed before its handler runs (a session
+            start, or a close naming an id).
+        cookie: The request's verified cookie data, or ``None``.
+        json_body: The parsed JSON body when the router had to parse it.
+        data: ``request.session``, set by the session cookie middleware.
+    """
+
+    session_id: str
+    source: IdSource
+    claims_first: bool
+    cookie: dict[str, Any] | None = None
+    json_body: Any = _NO_BODY
+    data: SessionData | None = field(default=None, repr=False)
+
+    @property
+    def has_json_body(self) -> bool:
+        """Whether the router already parsed the body."""
+        return self.json_body is not _NO_BODY
+
+    @property
+    def used(self) -> bool:
+        """Whether the handler read or wrote ``request.session``."""
+        return self.data is not None and self.data.accessed
+
+
+def request_session(scope: Scope) -> RequestSession:
+    """The `RequestSession` the router put in ``scope``."""
+    return scope[REQUEST_SESSION_KEY]

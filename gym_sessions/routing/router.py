@@ -1,0 +1,230 @@
+"""The routing rule: every request of a session is served by the worker that claims it.
+
+For each HTTP request `SessionRouter`:
+
+1. reads the body (bounded by ``max_body_bytes``) and finds the session id
+   (`find_session_id`), minting a random one when the request names none;
+2. if another worker claims that id, forwards the request to it over its
+   private socket and streams the reply back (410 if that worker is gone);
+3. otherwise serves it here. A session start (or a close naming an id) claims
+   the id before the handler runs; any other request claims it when the
+   reply starts, if the handler used the session and the client can name the
+   id afterwards (it came from the client, or the reply is no error). If
+   another worker claimed the id meanwhile, the reply is 409.
+
+A request that arrived over a private socket is always served here. With one
+worker (or routing off) the same steps run against a store that writes
+nothing, so ids, cookies, conflicts and lifetimes behave the same.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gym_sessions import strict_json
+from gym_sessions.credentials import SessionCredentials
+from gym_sessions.errors import (
+    BodyTooLargeError,
+    HTTPError,
+    SessionConflictError,
+    error_body,
+)
+from gym_sessions.routing.forwarder import Forwarder
+from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
+from gym_sessions.routing.request_session import REQUEST_SESSION_KEY, RequestSession
+from gym_sessions.routing.session_ids import (
+    IdSource,
+    SessionIdSources,
+    find_session_id,
+    read_credentials,
+    route_path,
+)
+
+__all__ = ["SessionRouter", "send_error"]
+
+
+class _ClientDisconnected(Exception):
+    pass
+
+
+async def send_error(send: Send, error: HTTPError) -> None:
+    """Reply with ``error``'s JSON body."""
+    body = error_body(error)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            raise BodyTooLargeError(f"request body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLargeError(f"request body is larger than {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class SessionRouter:
+    """Pure ASGI middleware applying the routing rule; sits outside the session cookie middleware.
+
+    Args:
+        app: The worker's app (session cookie middleware and routes).
+        sources: Where this kind of server finds session ids.
+        credentials: Verifies cookies and tokens.
+        claims: This worker's claims.
+        forwarder: The hop to other workers; ``None`` with one worker.
+        start_paths: Paths that start a session (claimed before the handler).
+        close_paths: Paths that close a session (claimed before the handler
+            when they name an id, so a delayed start reaches the worker that
+            recorded the close).
+        max_body_bytes: Larger bodies get 413.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        sources: SessionIdSources,
+        credentials: SessionCredentials,
+        claims: OwnedClaims,
+        forwarder: Forwarder | None,
+        start_paths: Collection[str],
+        close_paths: Collection[str],
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.sources = sources
+        self.credentials = credentials
+        self.claims = claims
+        self.forwarder = forwarder
+        self.start_paths = frozenset(start_paths)
+        self.close_paths = frozenset(close_paths)
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await _read_body(scope, receive, self.max_body_bytes)
+            routed = self._find_session(scope, body)
+        except _ClientDisconnected:
+            return
+        except HTTPError as error:
+            await send_error(send, error)
+            return
+        scope[REQUEST_SESSION_KEY] = routed
+        sid = routed.session_id
+        private = scope.get(PRIVATE_SCOPE_KEY, False)
+
+        if not private and self.forwarder is not None:
+            owner = self.claims.owner(sid)
+            if routed.claims_first and owner is None:
+                owner = self.claims.claim(sid)
+            if owner is not None and owner != self.claims.worker_id:
+                await self._forward(owner, scope, body, send)
+                return
+        elif routed.claims_first and self.claims.claim(sid) is not None:
+            await send_error(send, _claimed_elsewhere(sid))
+            return
+        await self._serve_here(routed, scope, body, receive, send)
+
+    def _find_session(self, scope: Scope, body: bytes) -> RequestSession:
+        path = route_path(scope["path"])
+        cookie, token_sid = read_credentials(scope["headers"], self.credentials)
+        json_body = None
+        typed = scope["method"] == "POST" and path in self.sources.typed_paths
+        if typed:
+            try:
+                json_body = strict_json.loads(body) if body.strip() else None
+            except ValueError:
+                json_body = None  # the handler reports invalid JSON
+        found = find_session_id(self.sources, path, cookie, token_sid, json_body)
+        if found is None:
+            sid, source = uuid.uuid4().hex, IdSource.MINTED
+        else:
+            sid, source = found.session_id, found.source
+        claims_first = scope["method"] == "POST" and (
+            path in self.start_paths or (path in self.close_paths and source is not IdSource.MINTED)
+        )
+        routed = RequestSession(sid, source, claims_first, cookie)
+        if typed and json_body is not None:
+            routed.json_body = json_body
+        return routed
+
+    async def _forward(self, owner: str, scope: Scope, body: bytes, send: Send) -> None:
+        assert self.forwarder is not None
+        try:
+            await self.forwarder.forward(owner, scope, body, send)
+        except HTTPError as error:
+            await send_error(send, error)
+
+    async def _serve_here(
+        self, routed: RequestSession, scope: Scope, body: bytes, receive: Receive, send: Send
+    ) -> None:
+        sid = routed.session_id
+        claims = self.claims
+        held = sid in claims
+        if held:
+            claims.enter(sid)
+        refused = False
+        body_sent = False
+
+        async def replay_body() -> Message:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        async def send_claimed(message: Message) -> None:
+            nonlocal held, refused
+            if refused:
+                return
+            if message["type"] == "http.response.start" and not held and routed.used:
+                client_names_id = routed.source is not IdSource.MINTED
+                if client_names_id or message["status"] < 400:
+                    if claims.claim(sid) is None:
+                        claims.enter(sid)
+                        held = True
+                    else:
+                        refused = True
+                        await send_error(send, _claimed_elsewhere(sid))
+                        return
+            await send(message)
+
+        try:
+            await self.app(scope, replay_body, send_claimed)
+        finally:
+            if held:
+                claims.leave(sid)
+
+
+def _claimed_elsewhere(session_id: str) -> SessionConflictError:
+    return SessionConflictError(
+        f"session {session_id!r} was claimed by another worker while this request was served"
+    )

@@ -1,0 +1,46 @@
+"""The server's runtime directory, shared by its workers (workers > 1 only).
+
+``<tmp>/gym-sessions-<supervisor pid>-<random>/`` with ``claims/`` and
+``workers/``, all mode 0700: claims and private sockets are closed to other
+users. The supervisor creates it before the workers start and removes it when
+the server exits, which also ends the claims of workers that died.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+__all__ = ["RuntimeDirectory"]
+
+
+class RuntimeDirectory:
+    """Paths inside one server's runtime directory."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.claims_dir = os.path.join(path, "claims")
+        self.workers_dir = os.path.join(path, "workers")
+
+    @classmethod
+    def create(cls, base: str | None = None) -> RuntimeDirectory:
+        """Create a fresh, private runtime directory under ``base`` (the system temp dir)."""
+        path = tempfile.mkdtemp(prefix=f"gym-sessions-{os.getpid()}-", dir=base)
+        os.chmod(path, 0o700)
+        directory = cls(path)
+        os.mkdir(directory.claims_dir, 0o700)
+        os.mkdir(directory.workers_dir, 0o700)
+        return directory
+
+    def socket_path(self, worker_id: str) -> str:
+        """The private socket of ``worker_id``."""
+        return os.path.join(self.workers_dir, f"{worker_id}.sock")
+
+    def claim_count(self) -> int:
+        """How many claims exist (for tests and diagnostics)."""
+        return sum(1 for name in os.listdir(self.claims_dir) if not name.startswith("."))
+
+    def remove(self) -> None:
+        """Remove the directory and everything in it."""
+        shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,59 @@
+"""``request.session`` from the signed session cookie, and the cookie on the reply.
+
+The router has already verified the cookie and chosen the session id; this
+middleware puts that id into ``request.session`` and decides whether the reply
+names the session in a ``Set-Cookie``: a session start always does; another
+request does when its handler used the session and the reply is not an error;
+and any request whose handler changed the session data does. So no cookie ever
+names a session that nobody claims.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gym_sessions.credentials import SessionCredentials
+from gym_sessions.routing.request_session import SessionData, request_session
+from gym_sessions.routing.session_ids import IdSource
+
+__all__ = ["SessionCookieMiddleware"]
+
+
+class SessionCookieMiddleware:
+    """Provides ``request.session`` and writes the session cookie.
+
+    Args:
+        app: The app.
+        credentials: Signs the cookie.
+        cookie_key: The key of the session id in the cookie data.
+    """
+
+    def __init__(self, app: ASGIApp, credentials: SessionCredentials, cookie_key: str) -> None:
+        self.app = app
+        self.credentials = credentials
+        self.cookie_key = cookie_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        routed = request_session(scope)
+        data = SessionData(routed.cookie or {})
+        # Set without marking the data used: naming the id is the router's doing.
+        dict.__setitem__(data, self.cookie_key, routed.session_id)
+        scope["session"] = routed.data = data
+        already_named = routed.source is IdSource.COOKIE
+
+        async def send_with_cookie(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                ok = message["status"] < 400
+                announce = routed.claims_first or (data.accessed and ok)
+                if data.modified or (announce and not already_named):
+                    headers = MutableHeaders(scope=message)
+                    headers.append(
+                        "set-cookie", self.credentials.set_cookie_header(dict.copy(data)).decode()
+                    )
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookie)

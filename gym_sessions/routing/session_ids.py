@@ -1,0 +1,154 @@
+"""Where a request's session id comes from: the sources table of DESIGN 3.3.
+
+`find_session_id` is the one place that decides which id a request names; the
+router calls it for every request, with one worker too.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gym_sessions.credentials import SessionCredentials
+from gym_sessions.errors import InvalidSessionIdError, SessionConflictError
+
+__all__ = [
+    "AGENT_SOURCES",
+    "RESOURCES_SOURCES",
+    "SESSION_TOKEN_HEADER",
+    "FoundSessionId",
+    "IdSource",
+    "SessionIdSources",
+    "find_session_id",
+    "is_valid_session_id",
+    "read_credentials",
+    "route_path",
+]
+
+SESSION_TOKEN_HEADER = "x-gym-session-token"
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+_ROLLOUT_PREFIX = re.compile(r"/rollouts/[^/]+(?=/)")
+
+
+class IdSource(enum.Enum):
+    """Which source named the session id."""
+
+    COOKIE = "cookie"
+    TOKEN = "token"
+    BODY = "body"
+    MINTED = "minted"
+
+
+@dataclass(frozen=True)
+class SessionIdSources:
+    """Where one kind of server finds session ids.
+
+    Attributes:
+        cookie_key: Key of the id in the session cookie's data.
+        body_key: Key of the id in a typed request body.
+        typed_paths: Paths (rollout prefix removed) whose JSON body may carry the id.
+        accepts_token: Whether the MCP session token names a session here.
+    """
+
+    cookie_key: str
+    body_key: str
+    typed_paths: frozenset[str]
+    accepts_token: bool
+
+
+RESOURCES_SOURCES = SessionIdSources(
+    cookie_key="session_id",
+    body_key="resources_session_id",
+    typed_paths=frozenset({"/seed_session", "/reset", "/close_session"}),
+    accepts_token=True,
+)
+AGENT_SOURCES = SessionIdSources(
+    cookie_key="agent_session_id",
+    body_key="agent_session_id",
+    typed_paths=frozenset({"/v1/agent_sessions", "/v1/agent_sessions/close"}),
+    accepts_token=False,
+)
+
+
+@dataclass(frozen=True)
+class FoundSessionId:
+    """A session id and the source that named it."""
+
+    session_id: str
+    source: IdSource
+
+
+def is_valid_session_id(value: object) -> bool:
+    """Whether ``value`` may name a session: 1-128 URL- and path-safe characters."""
+    return isinstance(value, str) and _SESSION_ID.fullmatch(value) is not None
+
+
+def route_path(path: str) -> str:
+    """``path`` without its ``/rollouts/{rollout_id}`` prefix."""
+    match = _ROLLOUT_PREFIX.match(path)
+    return path[match.end() :] if match else path
+
+
+def read_credentials(
+    headers: list[tuple[bytes, bytes]], credentials: SessionCredentials
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The verified cookie data and token session id of a request (``None`` when absent or bad)."""
+    cookie_name = credentials.cookie_name
+    cookie_value = token = None
+    for name, value in headers:
+        if name == b"cookie":
+            for part in value.decode("latin-1").split(";"):
+                key, _, val = part.strip().partition("=")
+                if key == cookie_name:
+                    cookie_value = val
+        elif name == SESSION_TOKEN_HEADER.encode():
+            token = value.decode("latin-1")
+    cookie = credentials.decode_cookie(cookie_value) if cookie_value else None
+    token_sid = credentials.read_token(token) if token else None
+    return cookie, token_sid
+
+
+def find_session_id(
+    sources: SessionIdSources,
+    path: str,
+    cookie: dict[str, Any] | None,
+    token_sid: str | None,
+    body: Any,
+) -> FoundSessionId | None:
+    """The session id a request names, or ``None`` if it names none.
+
+    Order: the cookie's id; else the token's id; a typed body id must agree with
+    whichever of those is present (409 ``session_conflict`` otherwise) and is the
+    id when neither is. A body id that is present but malformed is 400.
+
+    Args:
+        sources: The server kind's sources.
+        path: Request path with the rollout prefix removed.
+        cookie: Verified cookie data, or ``None``.
+        token_sid: Session id of a verified token, or ``None``.
+        body: Parsed JSON body of a typed path, or ``None``.
+    """
+    found: FoundSessionId | None = None
+    cookie_sid = cookie.get(sources.cookie_key) if cookie else None
+    if is_valid_session_id(cookie_sid):
+        found = FoundSessionId(cookie_sid, IdSource.COOKIE)
+    elif sources.accepts_token and token_sid is not None and is_valid_session_id(token_sid):
+        found = FoundSessionId(token_sid, IdSource.TOKEN)
+
+    if path in sources.typed_paths and isinstance(body, dict):
+        body_sid = body.get(sources.body_key)
+        if body_sid is not None:
+            if not is_valid_session_id(body_sid):
+                raise InvalidSessionIdError(
+                    f"{sources.body_key} must be 1-128 characters of letters, digits "
+                    "and . _ : @ -, starting with a letter or digit"
+                )
+            if found is not None and found.session_id != body_sid:
+                raise SessionConflictError(
+                    f"the request's {found.source.value} names session {found.session_id!r} "
+                    f"but its body names {body_sid!r}"
+                )
+            found = found or FoundSessionId(body_sid, IdSource.BODY)
+    return found

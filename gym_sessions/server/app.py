@@ -1,0 +1,165 @@
+"""The app factory: one settings object and one server give a worker's ASGI app.
+
+The stack, outside in: `SessionRouter` (the routing rule), then
+`SessionCookieMiddleware` (``request.session`` and the cookie), then the
+Starlette app with the server's routes, bare and under ``/rollouts/{id}/``.
+With several workers and routing on, the app also runs the worker's private
+listener and claim sweep from its lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount
+from starlette.types import Receive, Scope, Send
+
+from gym_sessions.credentials import SessionCredentials
+from gym_sessions.errors import (
+    HTTPError,
+    InternalServerError,
+    MethodNotAllowedError,
+    NotFoundError,
+    error_body,
+)
+from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
+from gym_sessions.routing.forwarder import Forwarder
+from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.private_listener import PrivateListener
+from gym_sessions.routing.router import SessionRouter
+from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.routing.session_cookie import SessionCookieMiddleware
+from gym_sessions.server.resources import ResourcesServer
+from gym_sessions.settings import Settings
+
+__all__ = ["WorkerApp", "create_app", "new_worker_id"]
+
+logger = logging.getLogger("gym_sessions.server")
+
+
+def new_worker_id() -> str:
+    """A worker id unique across replacements: the pid alone is reused."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _error_response(error: HTTPError) -> Response:
+    return Response(error_body(error), status_code=error.status, media_type="application/json")
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPError)
+    return _error_response(exc)
+
+
+async def _on_starlette_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    error: HTTPError
+    if exc.status_code == 404:
+        error = NotFoundError(f"no route {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        error = MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}")
+    else:
+        error = HTTPError(str(exc.detail))
+        error.status = exc.status_code  # type: ignore[misc]
+    return _error_response(error)
+
+
+async def _on_unexpected_error(request: Request, exc: Exception) -> Response:
+    return _error_response(InternalServerError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+class WorkerApp:
+    """The ASGI app of one worker.
+
+    Args:
+        server: The resources server (or env adapter) this worker serves.
+        settings: Server settings; ``runtime_dir`` set means this worker routes.
+        worker_id: This worker's id (a fresh one by default).
+    """
+
+    def __init__(self, server: ResourcesServer, settings: Settings, worker_id: str | None = None):
+        self.server = server
+        self.settings = settings
+        self.worker_id = worker_id or new_worker_id()
+        self.credentials = SessionCredentials(settings.secret, settings.session_cookie)
+        self.runtime_dir: RuntimeDirectory | None = None
+        self.forwarder: Forwarder | None = None
+        store: ClaimStore = LocalClaimStore()
+        if settings.routed:
+            if settings.runtime_dir is None:
+                raise ValueError("a routed worker needs the runtime directory of its server")
+            self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
+            store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
+            self.forwarder = Forwarder(self.runtime_dir)
+        self.claims = OwnedClaims(store, self.worker_id, settings.session_close_retry_window_seconds)
+        server.bind(settings, self.claims, self.credentials)
+
+        routes = server.routes()
+        starlette = Starlette(
+            routes=[*routes, Mount("/rollouts/{rollout_id}", routes=routes)],
+            exception_handlers={
+                HTTPError: _on_http_error,
+                HTTPException: _on_starlette_error,
+                Exception: _on_unexpected_error,
+            },
+            lifespan=self._lifespan,
+        )
+        self.app = SessionRouter(
+            SessionCookieMiddleware(starlette, self.credentials, server.sources.cookie_key),
+            sources=server.sources,
+            credentials=self.credentials,
+            claims=self.claims,
+            forwarder=self.forwarder,
+            start_paths=settings.checkpoint_session_starts,
+            close_paths=server.close_paths,
+            max_body_bytes=settings.max_body_bytes,
+        )
+        self._sweeper: asyncio.Task[None] | None = None
+        self._listener: PrivateListener | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    async def startup(self) -> None:
+        """Start the claim sweep and, when routing, the private listener."""
+        self._sweeper = asyncio.create_task(self.claims.run_sweeper())
+        if self.runtime_dir is not None:
+            self._listener = PrivateListener(self, self.runtime_dir.socket_path(self.worker_id))
+            await self._listener.start()
+        logger.debug("worker %s started", self.worker_id)
+
+    async def shutdown(self) -> None:
+        """Stop listening privately, stop the sweep, and release this worker's sessions."""
+        if self._listener is not None:
+            await self._listener.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self.forwarder is not None:
+            await self.forwarder.close()
+        # Claims stay: requests for these sessions must get 410, not empty state,
+        # until the server exits and its runtime directory goes.
+        self.server.release_all()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.startup()
+        try:
+            yield
+        finally:
+            await self.shutdown()
+
+
+def create_app(server: ResourcesServer, settings: Settings | None = None) -> WorkerApp:
+    """The ASGI app of one worker serving ``server`` with ``settings``."""
+    return WorkerApp(server, settings or Settings())

@@ -1,0 +1,191 @@
+"""The Gymnasium adapter: one env instance per session behind the resources-server routes.
+
+``/reset`` and ``/seed_session`` start a session (a reset of an open session
+starts a new episode on the same instance), ``/step`` is the tool call,
+``/verify`` scores the episode (the env's own ``verify()`` when it has one, else
+the episode return) and ``/close_session`` calls ``env.close()`` once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from gym_sessions.errors import EnvError, InvalidRequestError, NoOpenEpisodeError
+from gym_sessions.server.bodies import BodySchema, Field, read_json
+from gym_sessions.server.resources import ResourcesServer, session_id
+from gym_sessions.spaces import SpaceCodecError, space_to_json, value_from_json, value_to_json
+
+__all__ = ["GymEnvServer", "to_jsonable"]
+
+EnvFactory = Callable[..., gym.Env]
+_MAX_SEED = 2**64
+
+
+@dataclass
+class _EnvSession:
+    env: gym.Env
+    episode_open: bool = False
+    episode_return: float = 0.0
+    episode_length: int = 0
+
+
+def to_jsonable(value: Any) -> Any:
+    """``value`` (an info dict, metadata) as JSON: arrays to lists, non-finite floats to strings."""
+    if isinstance(value, dict):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return to_jsonable(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return repr(value)
+
+
+def _call_env(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise EnvError(f"env.{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+class GymEnvServer(ResourcesServer):
+    """Serves a Gymnasium environment, one instance per session.
+
+    Args:
+        env_factory: Called with no arguments once per session (an ``Env``
+            subclass, a factory, or ``functools.partial(gymnasium.make, id)``).
+        name: Shown by ``/spaces`` when the env has no spec.
+    """
+
+    def __init__(self, env_factory: EnvFactory, name: str = "env") -> None:
+        self.env_factory = env_factory
+        self.name = name
+        probe = env_factory()
+        try:
+            self.observation_space = probe.observation_space
+            self.action_space = probe.action_space
+            self._spaces_reply = {
+                "observation_space": space_to_json(probe.observation_space),
+                "action_space": space_to_json(probe.action_space),
+                "metadata": to_jsonable(dict(probe.metadata)),
+                "spec": _spec_json(probe, name),
+            }
+        finally:
+            probe.close()
+        self.step_body = BodySchema(
+            {"action": Field(required=True, description="an element of the action space")}
+        )
+        self._sessions: dict[str, _EnvSession] = {}
+
+    def metrics(self) -> dict[str, Any]:
+        return {"sessions": len(self._sessions)}
+
+    def extra_routes(self) -> list[BaseRoute]:
+        return [Route("/spaces", self._spaces_route, methods=["GET"])]
+
+    def tool_routes(self) -> list[BaseRoute]:
+        return [Route("/step", self._step_route, methods=["POST"])]
+
+    async def _spaces_route(self, request: Request) -> JSONResponse:
+        return JSONResponse(self._spaces_reply)
+
+    async def start_session(self, session_id: str, body: dict[str, Any], path: str) -> dict:
+        seed, options = body.get("seed"), body.get("options")
+        if seed is not None and not 0 <= seed < _MAX_SEED:
+            raise InvalidRequestError("seed must be an integer in [0, 2**64)")
+        state = self._sessions.get(session_id)
+        if state is None:
+            state = _EnvSession(_call_env("__init__", self.env_factory))
+            self._sessions[session_id] = state
+        state.episode_open = False
+        observation, info = _call_env("reset", state.env.reset, seed=seed, options=options)
+        state.episode_open = True
+        state.episode_return, state.episode_length = 0.0, 0
+        return {
+            "observation": value_to_json(self.observation_space, observation),
+            "info": to_jsonable(info),
+        }
+
+    async def _step_route(self, request: Request) -> JSONResponse:
+        body = self.step_body.validate(await read_json(request))
+        state = self._sessions.get(session_id(request))
+        if state is None or not state.episode_open:
+            raise NoOpenEpisodeError(
+                "this session has no open episode: call /reset first"
+                if state is None
+                else "the episode has ended: call /reset to start a new one"
+            )
+        try:
+            action = value_from_json(self.action_space, body["action"])
+        except SpaceCodecError as exc:
+            raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
+        if not self.action_space.contains(action):
+            raise InvalidRequestError(f"action {body['action']!r} is outside the action space")
+        observation, reward, terminated, truncated, info = _call_env(
+            "step", state.env.step, action
+        )
+        reward = float(reward)
+        state.episode_return += reward
+        state.episode_length += 1
+        if terminated or truncated:
+            state.episode_open = False
+        return JSONResponse(
+            {
+                "observation": value_to_json(self.observation_space, observation),
+                "reward": reward,
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "info": to_jsonable(info),
+            }
+        )
+
+    async def verify_session(self, session_id: str, body: dict[str, Any]) -> dict:
+        state = self._sessions.get(session_id)
+        if state is None:
+            raise NoOpenEpisodeError("this session has no environment to verify: call /reset")
+        summary = {"episode_return": state.episode_return, "episode_length": state.episode_length}
+        verify = getattr(state.env.unwrapped, "verify", None)
+        if verify is None:
+            return {"reward": state.episode_return, **summary}
+        result = _call_env("verify", verify)
+        if isinstance(result, dict):
+            return {**summary, **to_jsonable(result)}
+        return {"reward": float(result), **summary}
+
+    def release_session(self, session_id: str) -> None:
+        state = self._sessions.pop(session_id, None)
+        if state is not None:
+            state.env.close()
+
+    def release_all(self) -> None:
+        for sid in list(self._sessions):
+            try:
+                self.release_session(sid)
+            except Exception:  # noqa: S112 - shutting down; one bad env must not stop the rest
+                continue
+
+
+def _spec_json(env: gym.Env, name: str) -> dict[str, Any]:
+    spec = env.spec
+    if spec is None:
+        return {"id": name}
+    return {
+        "id": spec.id,
+        "max_episode_steps": spec.max_episode_steps,
+        "reward_threshold": spec.reward_threshold,
+        "nondeterministic": spec.nondeterministic,
+    }

@@ -1,0 +1,178 @@
+"""The resources-server base: sessions, their starts, verification and closes.
+
+A resources server keeps per-session state in the worker that created it.
+Subclasses implement the hooks (`start_session`, `verify_session`,
+`release_session`) and add tool routes with `tool_routes`; the base owns the
+lifetime rules: a successful start opens the session, a close or a verify
+without ``x-gym-close-follows`` ends it, a closed id is refused a new start for
+the window, and state is released once, on close or when the claim ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from gym_sessions.credentials import SessionCredentials
+from gym_sessions.errors import InvalidRequestError, SessionClosedError
+from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.session_ids import RESOURCES_SOURCES, SessionIdSources
+from gym_sessions.server.bodies import BodySchema, Field, read_json
+from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
+from gym_sessions.settings import Settings
+
+__all__ = ["CLOSE_FOLLOWS_HEADER", "ResourcesServer", "session_id"]
+
+CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
+
+SEED_BODY = BodySchema(
+    {
+        "resources_session_id": Field(("string", "null"), description="client-chosen session id"),
+        "seed": Field(("integer", "null"), description="RNG seed, 0 <= seed < 2**64"),
+        "options": Field(("object", "null"), description="reset options"),
+    },
+    allow_extra=True,
+)
+CLOSE_BODY = BodySchema({"resources_session_id": Field(("string", "null"))})
+ANY_BODY = BodySchema(allow_extra=True)
+AGGREGATE_BODY = BodySchema({"verify_responses": Field(("array",), required=True)})
+
+
+def session_id(request: Request) -> str:
+    """The request's session id; reading it counts as using the session."""
+    return request.session[RESOURCES_SOURCES.cookie_key]
+
+
+class ResourcesServer:
+    """Base class of servers that keep state per session.
+
+    Attributes:
+        sources: Where requests name their session (cookie key, typed body key).
+        close_paths: Routes that close a session.
+    """
+
+    sources: ClassVar[SessionIdSources] = RESOURCES_SOURCES
+    close_paths: ClassVar[tuple[str, ...]] = ("/close_session",)
+
+    settings: Settings
+    claims: OwnedClaims
+    credentials: SessionCredentials
+    closed: ClosedResourcesSessionRecords
+
+    def bind(self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials) -> None:
+        """Attach the worker's settings, claims and credentials (done by the app factory)."""
+        self.settings = settings
+        self.claims = claims
+        self.credentials = credentials
+        self.closed = ClosedResourcesSessionRecords(settings.session_close_retry_window_seconds)
+        claims.on_release(self.release_session)
+
+    # Hooks -------------------------------------------------------------------------------
+
+    async def start_session(self, session_id: str, body: dict[str, Any], path: str) -> dict:
+        """Start (or restart) ``session_id`` from a start route's body; returns reply fields."""
+        return {}
+
+    async def verify_session(self, session_id: str, body: dict[str, Any]) -> dict:
+        """Score the session; the reply must hold at least ``reward``."""
+        return {"reward": 0.0}
+
+    def release_session(self, session_id: str) -> None:
+        """Drop the session's state. Called once per state; must tolerate unknown ids."""
+
+    def release_all(self) -> None:
+        """Drop every session's state (the worker is shutting down)."""
+
+    def metrics(self) -> dict[str, Any]:
+        """Extra fields for ``/health`` (for example, sessions held)."""
+        return {}
+
+    def tool_routes(self) -> list[BaseRoute]:
+        """The server's tool routes."""
+        return []
+
+    def extra_routes(self) -> list[BaseRoute]:
+        """Routes a subclass adds beside the tools (``/spaces``, say)."""
+        return []
+
+    # Routes ------------------------------------------------------------------------------
+
+    def routes(self) -> list[BaseRoute]:
+        """Every route of the server, without the rollout prefix."""
+        starts = [
+            Route(path, self._start_route(path), methods=["POST"])
+            for path in self.settings.checkpoint_session_starts
+        ]
+        return [
+            Route("/health", self._health, methods=["GET"]),
+            *starts,
+            Route("/verify", self._verify_route, methods=["POST"]),
+            Route("/close_session", self._close_route, methods=["POST"]),
+            Route("/aggregate_metrics", self._aggregate_route, methods=["POST"]),
+            *self.extra_routes(),
+            *self.tool_routes(),
+        ]
+
+    async def _health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "worker": self.claims.worker_id, **self.metrics()})
+
+    def _start_route(self, path: str) -> Callable[[Request], Awaitable[JSONResponse]]:
+        async def start(request: Request) -> JSONResponse:
+            body = SEED_BODY.validate(await read_json(request))
+            sid = session_id(request)
+            if sid in self.closed:
+                raise SessionClosedError(f"session {sid!r} was closed; start a new session id")
+            reply = await self.start_session(sid, body, path)
+            self.claims.mark_open(sid)
+            return JSONResponse({"resources_session_id": sid, **reply})
+
+        return start
+
+    async def _verify_route(self, request: Request) -> JSONResponse:
+        body = ANY_BODY.validate(await read_json(request))
+        sid = session_id(request)
+        result = await self.verify_session(sid, body)
+        if request.headers.get(CLOSE_FOLLOWS_HEADER) != "1":
+            self._end(sid)
+        return JSONResponse(result)
+
+    async def _close_route(self, request: Request) -> JSONResponse:
+        CLOSE_BODY.validate(await read_json(request))
+        sid = session_id(request)
+        return JSONResponse({"resources_session_id": sid, "outcome": self._end(sid)})
+
+    async def _aggregate_route(self, request: Request) -> JSONResponse:
+        body = AGGREGATE_BODY.validate(await read_json(request))
+        return JSONResponse(aggregate_verify_responses(body["verify_responses"]))
+
+    def _end(self, sid: str) -> str:
+        """End the session: record the close, release its state, start its window."""
+        self.claims.mark_not_open(sid)
+        if not self.closed.add(sid):
+            return "already_closed"
+        try:
+            self.release_session(sid)
+        except Exception:
+            return "release_failed"
+        return "closed"
+
+
+def aggregate_verify_responses(responses: list[Any]) -> dict[str, Any]:
+    """Means of the numeric fields of ``/verify`` replies (reward, episode_return, ...)."""
+    totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for item in responses:
+        if not isinstance(item, dict):
+            raise InvalidRequestError("verify_responses must be a list of objects")
+        for key, value in item.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                totals[key] = totals.get(key, 0.0) + value
+                counts[key] = counts.get(key, 0) + 1
+    return {
+        "count": len(responses),
+        **{f"mean_{key}": totals[key] / counts[key] for key in totals},
+    }

@@ -1,0 +1,88 @@
+"""The one settings object every gym-sessions server is built from."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SECRET_ENV", "Settings"]
+
+SECRET_ENV = "GYM_SESSIONS_SECRET"
+_MIB = 1024 * 1024
+
+
+def _default_secret() -> str:
+    # Never a fixed default: an unset secret is random per server start, and the
+    # supervisor hands that one value to every worker.
+    return os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Settings of one server (DESIGN 3.1).
+
+    Attributes:
+        host: Public listener address.
+        port: Public listener port.
+        workers: uvicorn worker processes sharing the public socket.
+        secret: Signs session cookies and MCP tokens.
+        session_cookie: Name of the signed session cookie.
+        session_close_retry_window_seconds: How long a session that is no longer
+            open keeps its claim, and how long a closed id is remembered.
+        routes_sessions_to_owner: Route each request to the worker that holds its
+            session (only matters with several workers).
+        checkpoint_session_starts: Paths (without rollout prefix) that start a session.
+        max_body_bytes: Larger request bodies get 413.
+        claims: Claim store; ``file`` is the only one so far.
+        timeout_keep_alive: Seconds an idle client connection stays open. RL
+            clients think between steps, so this is longer than uvicorn's 5 s.
+        runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    secret: str = field(default_factory=_default_secret, repr=False)
+    session_cookie: str = "gym_session"
+    session_close_retry_window_seconds: float = 300.0
+    routes_sessions_to_owner: bool = True
+    checkpoint_session_starts: tuple[str, ...] = ("/seed_session", "/reset")
+    max_body_bytes: int = 64 * _MIB
+    claims: str = "file"
+    timeout_keep_alive: float = 120.0
+    runtime_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("workers must be at least 1")
+        if not self.secret:
+            raise ValueError("secret must not be empty")
+        if self.session_close_retry_window_seconds <= 0:
+            raise ValueError("session_close_retry_window_seconds must be positive")
+        if self.max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be positive")
+        if self.claims != "file":
+            raise ValueError(f"unknown claim store {self.claims!r}; only 'file' is supported")
+        object.__setattr__(self, "checkpoint_session_starts", tuple(self.checkpoint_session_starts))
+
+    @property
+    def routed(self) -> bool:
+        """Whether requests are routed between workers (several workers, routing on)."""
+        return self.workers > 1 and self.routes_sessions_to_owner
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        """Serialise for handing to worker processes."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Settings:
+        """Inverse of `to_json`."""
+        return cls(**json.loads(text))
