@@ -1,0 +1,161 @@
+"""The ``gym-sessions`` command: ``serve`` a target, or run the ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from gym_sessions.errors import StartupError
+from gym_sessions.settings import Settings
+
+__all__ = ["main"]
+
+EXIT_STARTUP_FAILURE = 2
+
+SERVE_EPILOG = """\
+TARGET is a registered Gymnasium id (CartPole-v1) or module:attr naming an Env
+class, an env factory, a ResourcesServer, or an ASGI app.
+
+With --workers > 1 every request of a session is routed to the worker that
+created the session (over that worker's private Unix socket), so per-session
+state is safe with any number of workers. --no-routing turns that off: only
+for servers that keep no per-session state.
+"""
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(target: str, settings: Settings, log_level: str = "info") -> None:
+    """Serve ``target`` with ``settings`` until interrupted (SIGINT/SIGTERM).
+
+    Raises:
+        StartupError: the target is bad or the address cannot be bound.
+    """
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from gym_sessions.routing.runtime_dir import RuntimeDirectory
+    from gym_sessions.server.targets import load_target
+    from gym_sessions.server.worker import WORKER_ENV, app_from_environment, worker_environment
+
+    load_target(target)  # fail here, with one clear line, rather than in every worker
+    sock = _bind(settings.host, settings.port)
+    host, port = sock.getsockname()[:2]
+    runtime_dir = RuntimeDirectory.create() if settings.routed else None
+    if runtime_dir is not None:
+        settings = settings.replace(runtime_dir=runtime_dir.path)
+    os.environ[WORKER_ENV] = worker_environment(target, settings)
+    config = uvicorn.Config(
+        "gym_sessions.server.worker:app_from_environment",
+        factory=True,
+        workers=settings.workers,
+        host=settings.host,
+        port=port,
+        timeout_keep_alive=int(settings.timeout_keep_alive),
+        log_level=log_level,
+    )
+    shown_host = f"[{host}]" if ":" in host else host
+    routing = "routed" if settings.routed else "not routed"
+    print(
+        f"gym-sessions: serving {target} on http://{shown_host}:{port} "
+        f"with {settings.workers} worker(s), sessions {routing}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        if settings.workers > 1:
+            Multiprocess(config, sockets=[sock]).run()
+        else:
+            config.app = app_from_environment()
+            config.factory = False
+            uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+        if runtime_dir is not None:
+            runtime_dir.remove()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gym-sessions", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve_cmd = commands.add_parser(
+        "serve",
+        help="serve an environment over HTTP",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve_cmd.add_argument("target", metavar="TARGET")
+    serve_cmd.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve_cmd.add_argument("--host", default="127.0.0.1")
+    serve_cmd.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve_cmd.add_argument(
+        "--secret", help="signs cookies and tokens (default: $GYM_SESSIONS_SECRET, else random)"
+    )
+    serve_cmd.add_argument(
+        "--window",
+        type=float,
+        default=300.0,
+        help="session_close_retry_window_seconds (default 300)",
+    )
+    serve_cmd.add_argument(
+        "--no-routing",
+        action="store_true",
+        help="do not route sessions to their worker (stateless servers only)",
+    )
+    serve_cmd.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+    demo_cmd = commands.add_parser("demo", help="serve the counter env and run episodes against it")
+    demo_cmd.add_argument("--workers", type=int, default=4)
+    demo_cmd.add_argument("--episodes", type=int, default=200)
+    demo_cmd.add_argument("--concurrency", type=int, default=32)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            overrides = {"secret": args.secret} if args.secret else {}
+            settings = Settings(
+                host=args.host,
+                port=args.port,
+                workers=args.workers,
+                session_close_retry_window_seconds=args.window,
+                routes_sessions_to_owner=not args.no_routing,
+                **overrides,
+            )
+            serve(args.target, settings, args.log_level)
+        else:
+            from gym_sessions.demo import run_demo
+
+            return run_demo(args.workers, args.episodes, args.concurrency)
+    except (StartupError, ValueError) as exc:
+        print(f"gym-sessions: error: {exc}", file=sys.stderr)
+        return EXIT_STARTUP_FAILURE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
