@@ -12,7 +12,11 @@ import os
 import shutil
 import tempfile
 
+from gym_sessions.errors import StartupError
+
 __all__ = ["RuntimeDirectory"]
+
+_MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, with the terminating NUL
 
 
 class RuntimeDirectory:
@@ -25,7 +29,18 @@ class RuntimeDirectory:
 
     @classmethod
     def create(cls, base: str | None = None) -> RuntimeDirectory:
-        """Create a fresh, private runtime directory under ``base`` (the system temp dir)."""
+        """Create a fresh, private runtime directory under ``base`` (the system temp dir).
+
+        Raises:
+            StartupError: socket paths under ``base`` would exceed the Unix limit.
+        """
+        base = base or tempfile.gettempdir()
+        # <base>/gym-sessions-<pid>-<8>/workers/<pid>-<8 hex>.sock must fit sun_path.
+        if len(os.fsencode(base)) + 60 > _MAX_SOCKET_PATH:
+            raise StartupError(
+                f"temporary directory {base!r} is too long for Unix socket paths; "
+                "set TMPDIR to a shorter directory"
+            )
         path = tempfile.mkdtemp(prefix=f"gym-sessions-{os.getpid()}-", dir=base)
         os.chmod(path, 0o700)
         directory = cls(path)

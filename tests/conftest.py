@@ -1,0 +1,39 @@
+"""Shared fixtures: real server processes on free loopback ports, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from servers import ServerProcess, start_server  # noqa: E402
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[str]:
+    """A temporary directory with a short path: Unix socket paths are limited to 107 bytes."""
+    path = tempfile.mkdtemp(prefix="gs-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(short_tmp) -> Iterator[Callable[..., ServerProcess]]:
+    """Start servers with ``serve(target, *args, workers=N)``; all are stopped at teardown."""
+    started: list[ServerProcess] = []
+
+    def _serve(target: str, *args: str, workers: int = 1) -> ServerProcess:
+        tmpdir = os.path.join(short_tmp, f"s{len(started)}")
+        server = start_server(target, tmpdir, *args, workers=workers)
+        started.append(server)
+        return server
+
+    yield _serve
+    for server in started:
+        server.stop()

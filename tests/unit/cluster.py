@@ -1,0 +1,176 @@
+"""In-process workers sharing one real runtime directory, for routing unit tests.
+
+Each worker is a real `WorkerApp` with its real private Unix socket; tests reach
+a chosen worker through a public Unix listener of its own, so they decide which
+worker accepts each request (as uvicorn's shared socket would, at random).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from gym_sessions.credentials import SessionCredentials
+from gym_sessions.routing.private_listener import PrivateListener
+from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.server.app import WorkerApp
+from gym_sessions.server.resources import ResourcesServer
+from gym_sessions.settings import Settings
+
+SECRET = "test-secret-" + "x" * 20
+
+
+@dataclass
+class Reply:
+    status: int
+    json: Any
+    cookie: str | None
+    set_cookies: list[str]
+    headers: Any
+
+
+class Worker:
+    """One in-process worker and a client that always reaches it."""
+
+    def __init__(self, app: WorkerApp, public_path: str) -> None:
+        self.app = app
+        self.public_path = public_path
+        self.listener = PrivateListener(app, public_path, private=False)
+        self.client: aiohttp.ClientSession | None = None
+
+    @property
+    def id(self) -> str:
+        return self.app.worker_id
+
+    @property
+    def server(self) -> Any:
+        return self.app.server
+
+    async def start(self) -> None:
+        await self.app.startup()
+        await self.listener.start()
+        self.client = _client(self.public_path)
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        await self.listener.stop()
+        await self.app.shutdown()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        cookie: str | None = None,
+        headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
+    ) -> Reply:
+        assert self.client is not None
+        return await send(self.client, method, path, body, cookie=cookie, headers=headers, raw=raw)
+
+
+def _client(path: str) -> aiohttp.ClientSession:
+    # force_close: every request on a new connection, as in the e2e tests.
+    return aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=path, force_close=True),
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+
+
+async def send(
+    client: aiohttp.ClientSession,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    cookie: str | None = None,
+    headers: dict[str, str] | None = None,
+    raw: bytes | None = None,
+    cookie_name: str = "gym_session",
+) -> Reply:
+    send_headers = dict(headers or {})
+    if cookie:
+        send_headers["Cookie"] = f"{cookie_name}={cookie}"
+    kwargs: dict[str, Any] = {"headers": send_headers}
+    if raw is not None:
+        kwargs["data"] = raw
+    elif body is not None:
+        kwargs["json"] = body
+    async with client.request(method, "http://worker" + path, **kwargs) as response:
+        data = await response.read()
+        set_cookies = response.headers.getall("set-cookie", [])
+        new_cookie = None
+        for value in set_cookies:
+            name, _, rest = value.partition("=")
+            if name == cookie_name:
+                new_cookie = rest.split(";", 1)[0]
+        try:
+            parsed = await response.json(content_type=None) if data else None
+        except ValueError:
+            parsed = data
+        return Reply(response.status, parsed, new_cookie or cookie, set_cookies, response.headers)
+
+
+class Cluster:
+    """``n`` in-process workers of one server sharing a runtime directory."""
+
+    def __init__(self, workers: list[Worker], runtime_dir: RuntimeDirectory | None, settings):
+        self.workers = workers
+        self.runtime_dir = runtime_dir
+        self.settings = settings
+        self.credentials = SessionCredentials(settings.secret, settings.session_cookie)
+
+    def __getitem__(self, index: int) -> Worker:
+        return self.workers[index]
+
+    def claim_owner(self, session_id: str) -> str | None:
+        assert self.runtime_dir is not None
+        path = os.path.join(
+            self.runtime_dir.claims_dir, hashlib.sha256(session_id.encode()).hexdigest()
+        )
+        try:
+            with open(path) as file:
+                return file.read()
+        except FileNotFoundError:
+            return None
+
+    def claim_count(self) -> int:
+        return 0 if self.runtime_dir is None else self.runtime_dir.claim_count()
+
+    def private_client(self, worker: Worker) -> aiohttp.ClientSession:
+        assert self.runtime_dir is not None
+        return _client(self.runtime_dir.socket_path(worker.id))
+
+    def cookie_for(self, session_id: str) -> str:
+        return self.credentials.encode_cookie({"session_id": session_id})
+
+    async def stop(self) -> None:
+        for worker in self.workers:
+            await worker.stop()
+
+
+async def start_cluster(
+    make_server: Any, n: int, base: str, *, routed: bool = True, **settings_kw: Any
+) -> Cluster:
+    """Start ``n`` workers, each serving a fresh ``make_server()``."""
+    settings = Settings(
+        workers=n, secret=SECRET, routes_sessions_to_owner=routed, **settings_kw
+    )
+    runtime_dir = None
+    if settings.routed:
+        runtime_dir = RuntimeDirectory.create(base)
+        settings = settings.replace(runtime_dir=runtime_dir.path)
+    workers = []
+    for index in range(n):
+        server: ResourcesServer = make_server()
+        app = WorkerApp(server, settings, worker_id=f"w{index}-{os.urandom(3).hex()}")
+        worker = Worker(app, os.path.join(base, f"public-{index}-{os.urandom(3).hex()}.sock"))
+        await worker.start()
+        workers.append(worker)
+    return Cluster(workers, runtime_dir, settings)

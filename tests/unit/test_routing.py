@@ -1,0 +1,560 @@
+"""The routing rule with in-process workers sharing one real runtime directory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+
+import pytest
+
+from gym_sessions.routing.claim_store import FileClaimStore
+
+from .cluster import Cluster, send, start_cluster
+from .probe_server import ProbeServer
+
+WINDOW = 0.4
+STARTS = ("/seed_session", "/reset", "/blind_start")
+
+
+@pytest.fixture
+async def cluster(short_tmp):
+    made: list[Cluster] = []
+
+    async def make(n: int = 3, **kw) -> Cluster:
+        kw.setdefault("session_close_retry_window_seconds", WINDOW)
+        kw.setdefault("checkpoint_session_starts", STARTS)
+        c = await start_cluster(ProbeServer, n, short_tmp, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        await c.stop()
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return predicate()
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+# Session id sources ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("start_path", ["/seed_session", "/reset", "/rollouts/r7/seed_session"])
+async def test_typed_start_is_claimed_by_the_worker_that_served_it(cluster, start_path):
+    c = await cluster(3)
+    sid = new_id()
+    reply = await c[1].request("POST", start_path, {"resources_session_id": sid})
+    assert reply.status == 200
+    assert reply.json["resources_session_id"] == sid
+    assert c.claim_owner(sid) == c[1].id
+    # The typed start put its body id in the cookie.
+    assert c.credentials.decode_cookie(reply.cookie)["session_id"] == sid
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["cookie", "token", "typed_seed", "typed_reset", "typed_close", "rollout_cookie"],
+)
+async def test_each_id_source_routes_to_the_claimant(cluster, source):
+    c = await cluster(3)
+    sid = new_id()
+    start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
+    assert start.json["worker"] == c[0].id
+    for accepting in (c[1], c[2]):
+        if source in ("cookie", "rollout_cookie"):
+            path = "/touch" if source == "cookie" else "/rollouts/abc/touch"
+            reply = await accepting.request("POST", path, cookie=start.cookie)
+        elif source == "token":
+            token = c.credentials.mint_token(sid)
+            reply = await accepting.request(
+                "POST", "/touch", headers={"X-Gym-Session-Token": token}
+            )
+        elif source == "typed_seed":
+            reply = await accepting.request("POST", "/seed_session", {"resources_session_id": sid})
+        elif source == "typed_reset":
+            reply = await accepting.request("POST", "/reset", {"resources_session_id": sid})
+        else:
+            reply = await accepting.request("POST", "/verify", cookie=start.cookie, headers={
+                "x-gym-close-follows": "1"})
+        assert reply.status == 200, reply.json
+        assert reply.json["worker"] == c[0].id
+    if source == "typed_close":
+        reply = await c[2].request("POST", "/close_session", {"resources_session_id": sid})
+        assert reply.json == {"resources_session_id": sid, "outcome": "closed"}
+        assert c[0].server.released == [sid]
+
+
+async def test_state_is_never_split_across_workers(cluster):
+    c = await cluster(4)
+    start = await c[0].request("POST", "/seed_session", {})
+    cookie = start.cookie
+    counts = []
+    for i in range(12):
+        reply = await c[i % 4].request("POST", "/touch", cookie=cookie)
+        counts.append(reply.json["count"])
+        assert reply.json["worker"] == c[0].id
+    assert counts == list(range(1, 13))
+    assert sum(len(w.server.counts) for w in c.workers) == 1
+
+
+async def test_bad_token_and_tampered_cookie_are_treated_as_absent(cluster):
+    c = await cluster(2)
+    sid = new_id()
+    start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
+    forged = c.credentials.mint_token(sid)[:-2] + "xx"
+    other_key_cookie = start.cookie[:-3] + "abc"
+    for kwargs in (
+        {"headers": {"X-Gym-Session-Token": forged}},
+        {"cookie": other_key_cookie},
+    ):
+        reply = await c[1].request("POST", "/touch", **kwargs)
+        assert reply.status == 200
+        # A new session on the accepting worker, never the real one's state.
+        assert reply.json["sid"] != sid
+        assert reply.json["worker"] == c[1].id
+    assert c[0].server.counts[sid] == 0
+
+
+# Claims -------------------------------------------------------------------------------------
+
+
+async def test_start_whose_handler_never_reads_the_session_is_claimed(cluster):
+    c = await cluster(3)
+    reply = await c[2].request("POST", "/blind_start")
+    assert reply.status == 200 and reply.cookie
+    sid = c.credentials.decode_cookie(reply.cookie)["session_id"]
+    assert c.claim_owner(sid) == c[2].id
+    for worker in (c[0], c[1], c[2], c[0]):
+        touched = await worker.request("POST", "/touch", cookie=reply.cookie)
+        assert touched.json["worker"] == c[2].id
+    assert touched.json["count"] == 4
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/health", None),
+        ("GET", "/nothing", None),
+        ("POST", "/nothing", {"x": 1}),
+        ("POST", "/aggregate_metrics", {"verify_responses": [{"reward": 1.0}]}),
+        ("GET", "/no_such_route", None),
+    ],
+)
+async def test_requests_that_keep_no_session_leave_no_claim_and_no_cookie(
+    cluster, method, path, body
+):
+    c = await cluster(2)
+    reply = await c[1].request(method, path, body)
+    assert reply.set_cookies == []
+    assert c.claim_count() == 0
+    assert len(c[1].app.claims) == 0
+
+
+async def test_tool_call_without_a_session_creates_a_claimed_session(cluster):
+    c = await cluster(3)
+    first = await c[1].request("POST", "/touch")
+    assert first.status == 200 and first.cookie
+    sid = first.json["sid"]
+    assert c.claim_owner(sid) == c[1].id
+    second = await c[2].request("POST", "/touch", cookie=first.cookie)
+    assert second.json == {"worker": c[1].id, "sid": sid, "count": 2}
+
+
+async def test_new_session_with_an_error_reply_gets_no_claim_and_no_cookie(cluster):
+    c = await cluster(2)
+    reply = await c[0].request("POST", "/fail_touch")
+    assert reply.status == 500
+    assert reply.json["error"]["code"] == "env_error"
+    assert reply.set_cookies == []
+    assert c.claim_count() == 0
+
+
+async def test_cookie_whose_claim_ended_is_claimed_by_the_worker_that_uses_it(cluster):
+    c = await cluster(3)
+    sid = new_id()
+    cookie = c.cookie_for(sid)  # a session nobody claims (ended, or from before a restart)
+    reply = await c[2].request("POST", "/touch", cookie=cookie)
+    assert reply.json == {"worker": c[2].id, "sid": sid, "count": 1}
+    assert c.claim_owner(sid) == c[2].id
+    again = await c[0].request("POST", "/touch", cookie=cookie)
+    assert again.json["worker"] == c[2].id and again.json["count"] == 2
+
+
+async def test_id_claimed_elsewhere_while_served_gets_409(cluster):
+    c = await cluster(2)
+    sid = new_id()
+    cookie = c.cookie_for(sid)
+    original = c[1].server.touch
+
+    async def touch_after_rival_claims(request):
+        # Another worker claims the same id while this handler runs.
+        FileClaimStore(c.runtime_dir.claims_dir, c[0].id).create(sid)
+        return await original(request)
+
+    c[1].server.touch = touch_after_rival_claims
+    for route in c[1].app.server.routes():
+        if getattr(route, "path", None) == "/touch":
+            route.endpoint = touch_after_rival_claims
+    # Rebuild the route table so the patched endpoint is used.
+    c[1].app.app.app.app.router.routes[:] = [
+        *[r for r in c[1].app.app.app.app.router.routes if getattr(r, "path", "") != "/touch"]
+    ]
+    from starlette.routing import Route
+
+    c[1].app.app.app.app.router.routes.insert(
+        0, Route("/touch", touch_after_rival_claims, methods=["POST"])
+    )
+    reply = await c[1].request("POST", "/touch", cookie=cookie)
+    assert reply.status == 409
+    assert reply.json["error"]["code"] == "session_conflict"
+    assert reply.set_cookies == []
+
+
+async def test_sessions_minted_on_two_workers_at_once_are_distinct(cluster):
+    c = await cluster(2)
+    replies = await asyncio.gather(
+        *[c[i % 2].request("POST", "/seed_session", {}) for i in range(100)]
+    )
+    sids = {r.json["resources_session_id"] for r in replies}
+    assert len(sids) == 100
+    for r in replies:
+        assert c.claim_owner(r.json["resources_session_id"]) == r.json["worker"]
+
+
+async def test_one_worker_writes_no_claims(cluster, short_tmp):
+    c = await cluster(1)
+    assert c.runtime_dir is None
+    assert c[0].app.forwarder is None
+    start = await c[0].request("POST", "/seed_session", {})
+    touched = await c[0].request("POST", "/touch", cookie=start.cookie)
+    assert touched.json["count"] == 1
+    assert not [p for p in os.listdir(short_tmp) if p.startswith("gym-sessions-")]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+async def test_cookie_and_body_naming_different_sessions_get_409(cluster, n):
+    c = await cluster(n)
+    start = await c[0].request("POST", "/seed_session", {})
+    for path in ("/seed_session", "/reset", "/close_session"):
+        reply = await c[n - 1].request(
+            "POST", path, {"resources_session_id": new_id()}, cookie=start.cookie
+        )
+        assert reply.status == 409
+        assert reply.json["error"]["code"] == "session_conflict"
+
+
+async def test_malformed_typed_id_gets_400(cluster):
+    c = await cluster(2)
+    for bad in ["../etc/passwd", "", "a" * 129, 42, "a\x00b", "with space"]:
+        reply = await c[1].request("POST", "/seed_session", {"resources_session_id": bad})
+        assert reply.status == 400, bad
+        assert reply.json["error"]["code"] == "invalid_session_id"
+    assert c.claim_count() == 0
+
+
+# Forwarding -----------------------------------------------------------------------------------
+
+
+async def test_forwarded_request_keeps_method_path_query_headers_and_body(cluster):
+    c = await cluster(2)
+    start = await c[0].request("POST", "/seed_session", {})
+    payload = os.urandom(300_000)
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        direct = await c[0].request(
+            method,
+            "/rollouts/r%201/echo?a=1&b=%2F&a=2",
+            raw=payload,
+            cookie=start.cookie,
+            headers={"X-Custom": "v1", "Content-Type": "application/octet-stream"},
+        )
+        routed = await c[1].request(
+            method,
+            "/rollouts/r%201/echo?a=1&b=%2F&a=2",
+            raw=payload,
+            cookie=start.cookie,
+            headers={"X-Custom": "v1", "Content-Type": "application/octet-stream"},
+        )
+        assert routed.status == direct.status == 200
+        assert routed.json["worker"] == c[0].id
+        for key in ("method", "path", "query", "body_sha256", "body_size"):
+            assert routed.json[key] == direct.json[key], key
+        routed_headers = dict(map(tuple, routed.json["headers"]))
+        assert routed_headers["x-custom"] == "v1"
+        assert routed_headers["content-type"] == "application/octet-stream"
+        assert routed_headers["cookie"].startswith("gym_session=")
+        # Exactly the claimant's Set-Cookie (the echo wrote session data), no second one.
+        assert len(routed.set_cookies) == 1
+
+
+async def test_request_over_a_private_socket_is_handled_where_it_arrives(cluster):
+    c = await cluster(2)
+    start = await c[0].request("POST", "/seed_session", {})
+    async with c.private_client(c[1]) as client:
+        reply = await send(client, "GET", "/nothing", cookie=start.cookie)
+        assert reply.json["worker"] == c[1].id
+        # A session tool call for c[0]'s session, sent privately to c[1]: c[1] serves
+        # it, cannot claim it (c[0] holds it), and refuses rather than split state.
+        refused = await send(client, "POST", "/touch", cookie=start.cookie)
+        assert refused.status == 409
+
+
+async def test_typed_seed_with_9_mib_of_task_data_reaches_its_claimant(cluster):
+    c = await cluster(2, max_body_bytes=16 * 1024 * 1024)
+    sid = new_id()
+    await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
+    task = "x" * (9 * 1024 * 1024)
+    reply = await c[1].request(
+        "POST", "/seed_session", {"resources_session_id": sid, "task": task}
+    )
+    assert reply.status == 200
+    assert reply.json["worker"] == c[0].id
+    assert reply.json["task_size"] == len(task)
+
+
+async def test_body_over_the_limit_gets_413(cluster):
+    c = await cluster(2, max_body_bytes=1000)
+    reply = await c[1].request("POST", "/seed_session", raw=b"{" + b" " * 2000 + b"}")
+    assert reply.status == 413
+    assert reply.json["error"]["code"] == "body_too_large"
+    assert c.claim_count() == 0
+
+
+# Worker death -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["socket_removed", "socket_refuses"])
+async def test_session_of_an_exited_worker_gets_410(cluster, how):
+    c = await cluster(3)
+    sid = new_id()
+    start = await c[1].request("POST", "/seed_session", {"resources_session_id": sid})
+    other = await c[2].request("POST", "/seed_session", {})
+    path = c.runtime_dir.socket_path(c[1].id)
+    await c[1].listener.stop()
+    await c[1].app._listener.stop()
+    stale = None
+    if how == "socket_refuses":
+        # A killed worker leaves its socket file behind; connecting is refused.
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(path)
+    try:
+        for accepting in (c[0], c[2]):
+            for method, route, kwargs in (
+                ("POST", "/touch", {"cookie": start.cookie}),
+                ("POST", "/verify", {"cookie": start.cookie}),
+                ("POST", "/close_session", {"body": {"resources_session_id": sid}}),
+                ("POST", "/seed_session", {"body": {"resources_session_id": sid}}),
+                (
+                    "POST",
+                    "/touch",
+                    {"headers": {"X-Gym-Session-Token": c.credentials.mint_token(sid)}},
+                ),
+            ):
+                body = kwargs.pop("body", None)
+                reply = await accepting.request(method, route, body, **kwargs)
+                assert reply.status == 410, (route, reply.json)
+                assert reply.json["error"]["code"] == "session_gone"
+        # Other sessions are untouched.
+        ok = await c[0].request("POST", "/touch", cookie=other.cookie)
+        assert ok.status == 200 and ok.json["worker"] == c[2].id
+        # The claim stays until the server exits.
+        assert c.claim_owner(sid) == c[1].id
+    finally:
+        if stale is not None:
+            stale.close()
+
+
+# Lifetimes (window 0.4 s; the sweep ends claims with no further request) ---------------------
+
+
+async def test_open_session_keeps_its_claim_then_close_ends_it_a_window_later(cluster):
+    c = await cluster(2)
+    sid = new_id()
+    await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
+    await asyncio.sleep(WINDOW * 3)
+    assert c.claim_owner(sid) == c[0].id  # open: never expires
+    closed = await c[1].request("POST", "/close_session", {"resources_session_id": sid})
+    assert closed.json["outcome"] == "closed"
+    assert c[0].server.released == [sid]
+    assert c.claim_owner(sid) == c[0].id  # the window starts now
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    assert sid not in c[0].app.claims
+
+
+async def test_verify_ends_the_session_unless_a_close_follows(cluster):
+    c = await cluster(2)
+    sid = new_id()
+    start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
+    await c[1].request("POST", "/verify", cookie=start.cookie, headers={"x-gym-close-follows": "1"})
+    await asyncio.sleep(WINDOW * 2.5)
+    assert c.claim_owner(sid) == c[0].id
+    await c[1].request("POST", "/verify", cookie=start.cookie)
+    assert c[0].server.released == [sid]
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    again = await c[1].request("POST", "/close_session", {"resources_session_id": sid})
+    # The claim has ended, so this close is new to every worker.
+    assert again.json["outcome"] == "closed"
+
+
+async def test_session_without_a_start_ends_a_window_after_its_last_request(cluster):
+    c = await cluster(2)
+    first = await c[1].request("POST", "/touch")
+    sid = first.json["sid"]
+    for _ in range(3):
+        await asyncio.sleep(WINDOW / 2)
+        await c[0].request("POST", "/touch", cookie=first.cookie)
+    assert c.claim_owner(sid) == c[1].id  # each request restarted its window
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    assert c[1].server.released == [sid]
+
+
+async def test_failed_start_keeps_its_claim_for_the_cleanup_close(cluster):
+    c = await cluster(3)
+    sid = new_id()
+    failed = await c[0].request("POST", "/seed_session", {"resources_session_id": sid, "fail": True})
+    assert failed.status == 500
+    assert c.claim_owner(sid) == c[0].id
+    cleanup = await c[2].request("POST", "/close_session", {"resources_session_id": sid})
+    assert cleanup.json["outcome"] == "closed"
+    assert c[0].server.released == [sid]  # the partial state was released on its worker
+    retry = await c[1].request("POST", "/seed_session", {"resources_session_id": new_id()})
+    assert retry.status == 200
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+
+
+async def test_close_before_a_delayed_start_refuses_the_start_on_every_worker(cluster):
+    c = await cluster(3)
+    sid = new_id()
+    closed = await c[1].request("POST", "/close_session", {"resources_session_id": sid})
+    assert closed.json["outcome"] == "closed"
+    assert c.claim_owner(sid) == c[1].id  # a close of an unclaimed id claims it
+    for worker in c.workers:
+        late = await worker.request("POST", "/seed_session", {"resources_session_id": sid})
+        assert late.status == 409
+        assert late.json["error"]["code"] == "session_closed"
+    second = await c[0].request("POST", "/close_session", {"resources_session_id": sid})
+    assert second.json["outcome"] == "already_closed"
+
+
+async def test_claim_is_not_released_while_a_request_is_in_flight(cluster):
+    c = await cluster(2)
+    first = await c[0].request("POST", "/touch")
+    sid = first.json["sid"]
+    slow = asyncio.create_task(
+        c[1].request("POST", "/sleep", {"seconds": WINDOW * 4}, cookie=first.cookie)
+    )
+    await asyncio.sleep(WINDOW * 3)
+    assert c.claim_owner(sid) == c[0].id
+    reply = await slow
+    assert reply.json["worker"] == c[0].id
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+
+
+# Races ----------------------------------------------------------------------------------------
+
+
+async def test_two_workers_starting_the_same_ids_at_once_share_one_claim(cluster):
+    c = await cluster(2)
+    sids = [new_id() for _ in range(60)]
+    replies = await asyncio.gather(
+        *[
+            c[i].request("POST", "/seed_session", {"resources_session_id": sid})
+            for sid in sids
+            for i in (0, 1)
+        ]
+    )
+    assert all(r.status == 200 for r in replies)
+    for sid in sids:
+        owner = c.claim_owner(sid)
+        served_by = {r.json["worker"] for r in replies if r.json["resources_session_id"] == sid}
+        assert served_by == {owner}
+    assert sum(len(w.server.counts) for w in c.workers) == len(sids)
+
+
+async def test_start_and_close_of_one_id_on_two_workers_at_once_stay_consistent(cluster):
+    c = await cluster(2)
+    sids = [new_id() for _ in range(60)]
+    pairs = await asyncio.gather(
+        *[
+            asyncio.gather(
+                c[0].request("POST", "/seed_session", {"resources_session_id": sid}),
+                c[1].request("POST", "/close_session", {"resources_session_id": sid}),
+            )
+            for sid in sids
+        ]
+    )
+    for start, close in pairs:
+        assert close.json["outcome"] == "closed"
+        assert start.status in (200, 409)
+        if start.status == 409:
+            assert start.json["error"]["code"] == "session_closed"
+    # Whatever the order, no session is left alive anywhere.
+    assert sum(len(w.server.counts) for w in c.workers) == 0
+
+
+async def test_request_forwarded_after_its_claim_ended_is_served_or_refused_not_split(cluster):
+    c = await cluster(3)
+    first = await c[0].request("POST", "/touch")
+    sid = first.json["sid"]
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    # The forward arrives (over c[0]'s private socket) after c[0] released the claim:
+    # c[0] serves it and claims the id again.
+    async with c.private_client(c[0]) as client:
+        reply = await send(client, "POST", "/touch", cookie=first.cookie)
+    assert reply.status == 200 and reply.json["worker"] == c[0].id
+    assert c.claim_owner(sid) == c[0].id
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    # Now c[2] claims it first; a late forward to c[0] must not split the session.
+    await c[2].request("POST", "/touch", cookie=first.cookie)
+    async with c.private_client(c[0]) as client:
+        late = await send(client, "POST", "/touch", cookie=first.cookie)
+    assert late.status == 409
+
+
+async def test_restarted_server_with_fresh_runtime_directory_serves_old_cookies(cluster):
+    old = await cluster(2)
+    start = await old[0].request("POST", "/seed_session", {})
+    await old.stop()
+    new = await cluster(2)
+    assert new.runtime_dir.path != old.runtime_dir.path
+    reply = await new[1].request("POST", "/touch", cookie=start.cookie)
+    assert reply.status == 200 and reply.json["worker"] == new[1].id
+    again = await new[0].request("POST", "/touch", cookie=start.cookie)
+    assert again.json["worker"] == new[1].id and again.json["count"] == 2
+
+
+def test_file_claims_have_one_winner_under_thread_races(tmp_path):
+    import threading
+
+    stores = [FileClaimStore(str(tmp_path), f"w{i}") for i in range(4)]
+    sids = [new_id() for _ in range(300)]
+    results: dict[int, list] = {i: [] for i in range(4)}
+
+    def claim_all(i: int) -> None:
+        for sid in sids:
+            results[i].append(stores[i].create(sid))
+
+    threads = [threading.Thread(target=claim_all, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, sid in enumerate(sids):
+        winners = [i for i in range(4) if results[i][k] is None]
+        assert len(winners) == 1
+        for i in range(4):
+            if i != winners[0]:
+                assert results[i][k] == f"w{winners[0]}"
+        assert stores[0].read(sid) == f"w{winners[0]}"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
