@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -32,6 +33,7 @@ class ProbeServer(ResourcesServer):
         self.counts: dict[str, int] = {}
         self.released: list[str] = []
         self.task_sizes: dict[str, int] = {}
+        self.before_touch: Callable[[str], None] | None = None  # lets a test inject a race
 
     @property
     def worker(self) -> str:
@@ -72,6 +74,8 @@ class ProbeServer(ResourcesServer):
 
     async def touch(self, request: Request) -> JSONResponse:
         sid = session_id(request)
+        if self.before_touch is not None:
+            self.before_touch(sid)
         self.counts[sid] = self.counts.get(sid, 0) + 1
         return JSONResponse({"worker": self.worker, "sid": sid, "count": self.counts[sid]})
 

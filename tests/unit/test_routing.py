@@ -196,26 +196,9 @@ async def test_id_claimed_elsewhere_while_served_gets_409(cluster):
     c = await cluster(2)
     sid = new_id()
     cookie = c.cookie_for(sid)
-    original = c[1].server.touch
-
-    async def touch_after_rival_claims(request):
-        # Another worker claims the same id while this handler runs.
-        FileClaimStore(c.runtime_dir.claims_dir, c[0].id).create(sid)
-        return await original(request)
-
-    c[1].server.touch = touch_after_rival_claims
-    for route in c[1].app.server.routes():
-        if getattr(route, "path", None) == "/touch":
-            route.endpoint = touch_after_rival_claims
-    # Rebuild the route table so the patched endpoint is used.
-    c[1].app.app.app.app.router.routes[:] = [
-        *[r for r in c[1].app.app.app.app.router.routes if getattr(r, "path", "") != "/touch"]
-    ]
-    from starlette.routing import Route
-
-    c[1].app.app.app.app.router.routes.insert(
-        0, Route("/touch", touch_after_rival_claims, methods=["POST"])
-    )
+    # Another worker claims the same id while c[1]'s handler runs.
+    rival = FileClaimStore(c.runtime_dir.claims_dir, c[0].id)
+    c[1].server.before_touch = rival.create
     reply = await c[1].request("POST", "/touch", cookie=cookie)
     assert reply.status == 409
     assert reply.json["error"]["code"] == "session_conflict"
