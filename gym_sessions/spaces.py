@@ -30,7 +30,7 @@ appear (bounds, array elements), is written as one of the strings ``"inf"``,
 ``"-inf"`` or ``"nan"``. Every other float is written as a JSON number; float16
 and float32 values are exactly representable as float64 and Python writes
 floats in their shortest round-tripping form, so every value comes back
-bit-exact (including ``-0.0``; NaN payloads are not kept).
+bit-exact (including ``-0.0``; the sign and payload of a NaN are not kept).
 
 Values (`value_to_json` / `value_from_json`) mirror the structure of the space:
 arrays become nested lists, Discrete an int, Text a str, Tuple a list, Dict an
@@ -154,6 +154,28 @@ def _parse_float_tree(data: Any, depth: int, path: str) -> Any:
     )
 
 
+def _cast_float(arr: np.ndarray, dtype: np.dtype[Any], path: str) -> np.ndarray:
+    """Cast to a float dtype, refusing finite numbers that would overflow to inf."""
+    if dtype.itemsize >= 8:
+        return arr.astype(dtype, copy=False)
+    try:
+        with np.errstate(over="raise"):
+            return arr.astype(dtype, copy=False)
+    except FloatingPointError as exc:
+        raise SpaceCodecError(f"{path}: number out of range for {dtype}") from exc
+
+
+def _check_int_tree(data: Any, depth: int, path: str) -> None:
+    """Check that nested lists hold only (non-bool) ints."""
+    if isinstance(data, (list, tuple)):
+        if depth == 0:
+            raise SpaceCodecError(f"{path}: array is nested too deep")
+        for item in data:
+            _check_int_tree(item, depth - 1, path)
+    elif type(data) is not int:
+        raise SpaceCodecError(f"{path}: expected integers, got {data!r:.40}")
+
+
 def _empty_shape_matches(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
     """Whether ``got`` is the shape numpy infers from ``np.zeros(want).tolist()``."""
     if 0 not in want:
@@ -173,22 +195,33 @@ def _decode_array(data: Any, dtype: np.dtype[Any], shape: tuple[int, ...], path:
         arr = arr.astype(dtype)
     elif target == "f":
         if kind in "fiu":
-            arr = arr.astype(dtype, copy=False)
+            arr = _cast_float(arr, dtype, path)
         elif kind in "UO":  # non-finite markers, or junk that the walk rejects
             tree = _parse_float_tree(data, len(shape), path)
             try:
-                arr = np.array(tree, dtype=np.float64).astype(dtype, copy=False)
+                arr = np.array(tree, dtype=np.float64)
             except (ValueError, TypeError, OverflowError) as exc:
                 raise SpaceCodecError(f"{path}: not a rectangular numeric array ({exc})") from exc
+            arr = _cast_float(arr, dtype, path)
         else:
             raise SpaceCodecError(f"{path}: expected numbers, got {arr.dtype} data")
     elif target in "iu":
-        if kind not in "iu":
+        if kind in "iu":
+            info = np.iinfo(dtype)
+            if int(arr.min()) < info.min or int(arr.max()) > info.max:
+                raise SpaceCodecError(f"{path}: integer out of range for {dtype}")
+            arr = arr.astype(dtype, copy=False)
+        elif kind in "fO":
+            # numpy infers float64 for e.g. [0, 2**64 - 1] (int64 and uint64 promote to
+            # float), and object for ints beyond 64 bits: check the leaves are ints and
+            # convert straight to the target dtype, which rejects out-of-range values.
+            _check_int_tree(data, len(shape), path)
+            try:
+                arr = np.array(data, dtype=dtype)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise SpaceCodecError(f"{path}: integer out of range for {dtype}") from exc
+        else:
             raise SpaceCodecError(f"{path}: expected integers, got {_describe_kind(kind)}")
-        info = np.iinfo(dtype)
-        if int(arr.min()) < info.min or int(arr.max()) > info.max:
-            raise SpaceCodecError(f"{path}: integer out of range for {dtype}")
-        arr = arr.astype(dtype, copy=False)
     else:  # bool
         if kind != "b":
             raise SpaceCodecError(f"{path}: expected booleans, got {_describe_kind(kind)}")
@@ -891,7 +924,11 @@ def value_from_json(space: Space[Any], data: Any) -> Any:
     (unstacked) Sequence as tuples, Dict as a dict in the space's key order,
     Graph as a `GraphInstance` (edge links as int32, as ``Graph.sample`` makes
     them), OneOf as ``(np.int64(index), value)`` and Text as str. Membership in
-    ``space`` is not checked; callers use ``space.contains`` for that.
+    ``space`` is not checked; callers use ``space.contains`` for that. Array
+    elements must be JSON numbers (or the non-finite strings, for float dtypes),
+    booleans for bool dtypes; a finite number that overflows a float16/float32
+    dtype is an error. For speed, arrays are parsed by numpy, so a ``true`` mixed
+    into an otherwise numeric array is read as 1 rather than rejected.
 
     Args:
         space: The space the value belongs to.
