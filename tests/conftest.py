@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from servers import ServerProcess, start_server  # noqa: E402
+from servers import ServerProcess, start_server
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ claim. `LocalClaimStore` is the one-worker store: it writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -82,10 +83,8 @@ class FileClaimStore:
             return None
 
     def remove(self, session_id: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(session_id))
-        except FileNotFoundError:
-            pass
 
 
 class LocalClaimStore:

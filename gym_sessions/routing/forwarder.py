@@ -11,12 +11,10 @@ discarded and the caller gets `SessionGoneError`.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import aiohttp
-from yarl import URL
-
 from starlette.types import Scope, Send
+from yarl import URL
 
 from gym_sessions.errors import BadGatewayError, SessionGoneError
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
@@ -79,7 +77,7 @@ class Forwarder:
             await client.close()
 
     async def forward(self, worker_id: str, scope: Scope, body: bytes, send: Send) -> None:
-        """Send the request of ``scope`` with ``body`` to ``worker_id``; stream its reply to ``send``.
+        """Send the request in ``scope`` with ``body`` to ``worker_id``; stream the reply back.
 
         Raises:
             SessionGoneError: the claimant's socket is gone or refuses connections.
@@ -112,9 +110,7 @@ class Forwarder:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             # Either the claimant died while serving, or the connection broke.
             await self._discard(worker_id)
-            if not os.path.exists(self.socket_path(worker_id)) or not await self._reachable(
-                worker_id
-            ):
+            if not await self._reachable(worker_id):
                 raise SessionGoneError(
                     f"the worker that holds this session ({worker_id}) is gone"
                 ) from exc
@@ -127,7 +123,8 @@ class Forwarder:
                     "headers": [
                         (name.lower(), value)
                         for name, value in response.raw_headers
-                        if name.lower() not in HOP_BY_HOP_HEADERS or name.lower() == b"content-length"
+                        if name.lower() not in HOP_BY_HOP_HEADERS
+                        or name.lower() == b"content-length"
                     ],
                 }
             )

@@ -12,6 +12,7 @@ arrive and never forwards twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -99,7 +100,5 @@ class PrivateListener:
                 break
             await asyncio.sleep(0.02)
         self._server = None
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass

@@ -100,7 +100,9 @@ class WorkerApp:
             self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
             store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
             self.forwarder = Forwarder(self.runtime_dir)
-        self.claims = OwnedClaims(store, self.worker_id, settings.session_close_retry_window_seconds)
+        self.claims = OwnedClaims(
+            store, self.worker_id, settings.session_close_retry_window_seconds
+        )
         server.bind(settings, self.claims, self.credentials)
 
         routes = server.routes()

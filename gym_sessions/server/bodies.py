@@ -20,8 +20,10 @@ __all__ = ["BodySchema", "Field", "read_json"]
 
 _CHECKS = {
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: (isinstance(v, int | float) and not isinstance(v, bool))
-    and not (isinstance(v, float) and not math.isfinite(v)),
+    "number": lambda v: (
+        (isinstance(v, int | float) and not isinstance(v, bool))
+        and not (isinstance(v, float) and not math.isfinite(v))
+    ),
     "string": lambda v: isinstance(v, str),
     "boolean": lambda v: isinstance(v, bool),
     "object": lambda v: isinstance(v, dict),

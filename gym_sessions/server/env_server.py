@@ -135,9 +135,7 @@ class GymEnvServer(ResourcesServer):
             raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
         if not self.action_space.contains(action):
             raise InvalidRequestError(f"action {body['action']!r} is outside the action space")
-        observation, reward, terminated, truncated, info = _call_env(
-            "step", state.env.step, action
-        )
+        observation, reward, terminated, truncated, info = _call_env("step", state.env.step, action)
         reward = float(reward)
         state.episode_return += reward
         state.episode_length += 1
@@ -175,7 +173,7 @@ class GymEnvServer(ResourcesServer):
         for sid in list(self._sessions):
             try:
                 self.release_session(sid)
-            except Exception:  # noqa: S112 - shutting down; one bad env must not stop the rest
+            except Exception:
                 continue
 
 

@@ -63,7 +63,9 @@ class ResourcesServer:
     credentials: SessionCredentials
     closed: ClosedResourcesSessionRecords
 
-    def bind(self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials) -> None:
+    def bind(
+        self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
+    ) -> None:
         """Attach the worker's settings, claims and credentials (done by the app factory)."""
         self.settings = settings
         self.claims = claims

@@ -66,8 +66,13 @@ def test_full_episode_and_lifecycle_over_http(counter_url):
     )
     assert start["observation"] == 5 and client.cookie
     step = client.request("POST", "/step", {"action": 3})
-    assert step == {"observation": 8, "reward": 0.0, "terminated": False, "truncated": False,
-                    "info": {}}
+    assert step == {
+        "observation": 8,
+        "reward": 0.0,
+        "terminated": False,
+        "truncated": False,
+        "info": {},
+    }
     verify = client.request("POST", "/verify", {}, headers={"x-gym-close-follows": "1"})
     assert verify["reward"] == 1.0 and verify["episode_length"] == 1
     # A reset of an open session starts a new episode on the same instance.
@@ -108,8 +113,12 @@ def test_rollout_prefix_answers_every_route(counter_url):
         ("/reset", b'{"seed": -1}', InvalidRequestError, "invalid_request"),
         ("/reset", b'{"seed": "x"}', InvalidRequestError, "invalid_request"),
         ("/reset", b'{"options": 3}', InvalidRequestError, "invalid_request"),
-        ("/reset", b'{"resources_session_id": "../../etc"}', InvalidRequestError,
-         "invalid_session_id"),
+        (
+            "/reset",
+            b'{"resources_session_id": "../../etc"}',
+            InvalidRequestError,
+            "invalid_session_id",
+        ),
         ("/aggregate_metrics", b"{}", InvalidRequestError, "invalid_request"),
     ],
 )
@@ -117,7 +126,10 @@ def test_bad_input_gets_its_error(counter_url, path, body, error, code):
     client = HTTPClient(counter_url)
     client.request("POST", "/reset", {})
     status, reply, _ = raw(
-        counter_url, "POST", path, body,
+        counter_url,
+        "POST",
+        path,
+        body,
         {"Cookie": f"gym_session={client.cookie}", "Content-Type": "application/json"},
     )
     assert reply["error"]["code"] == code
@@ -131,7 +143,9 @@ def test_unknown_route_method_and_oversized_body(counter_url):
     assert raw(counter_url, "GET", "/step")[1]["error"]["code"] == MethodNotAllowedError.code
     # Declared too large: refused before the body is read.
     request = urllib.request.Request(
-        counter_url + "/step", data=b"x", method="POST",
+        counter_url + "/step",
+        data=b"x",
+        method="POST",
         headers={"Content-Length": str(65 * 1024 * 1024)},
     )
     with pytest.raises(urllib.error.HTTPError) as info:
@@ -161,7 +175,10 @@ def test_env_exception_is_500_env_error_and_worker_keeps_serving(serve):
     client = HTTPClient(server.url)
     client.request("POST", "/reset", {})
     status, reply, _ = raw(
-        server.url, "POST", "/step", b'{"action": 1}',
+        server.url,
+        "POST",
+        "/step",
+        b'{"action": 1}',
         {"Cookie": f"gym_session={client.cookie}"},
     )
     assert status == 500
@@ -180,7 +197,7 @@ def test_remote_env_passes_check_env(serve, target):
 
 def test_remote_env_through_gymnasium_make(counter_url):
     env = gym.make("gym_sessions/Remote-v0", url=counter_url)
-    obs, info = env.reset(seed=1, options={"initial_count": 10, "expected_count": 12})
+    obs, _ = env.reset(seed=1, options={"initial_count": 10, "expected_count": 12})
     assert obs == np.int64(10) and obs.dtype == np.int64
     obs, reward, terminated, truncated, _ = env.step(2)
     assert obs == 12 and reward == 0.0 and not terminated and not truncated

@@ -159,9 +159,7 @@ async def start_cluster(
     make_server: Any, n: int, base: str, *, routed: bool = True, **settings_kw: Any
 ) -> Cluster:
     """Start ``n`` workers, each serving a fresh ``make_server()``."""
-    settings = Settings(
-        workers=n, secret=SECRET, routes_sessions_to_owner=routed, **settings_kw
-    )
+    settings = Settings(workers=n, secret=SECRET, routes_sessions_to_owner=routed, **settings_kw)
     runtime_dir = None
     if settings.routed:
         runtime_dir = RuntimeDirectory.create(base)

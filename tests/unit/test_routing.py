@@ -35,8 +35,8 @@ async def cluster(short_tmp):
         await c.stop()
 
 
-async def wait_until(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
+async def wait_until(predicate, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if predicate():
             return True
@@ -86,8 +86,9 @@ async def test_each_id_source_routes_to_the_claimant(cluster, source):
         elif source == "typed_reset":
             reply = await accepting.request("POST", "/reset", {"resources_session_id": sid})
         else:
-            reply = await accepting.request("POST", "/verify", cookie=start.cookie, headers={
-                "x-gym-close-follows": "1"})
+            reply = await accepting.request(
+                "POST", "/verify", cookie=start.cookie, headers={"x-gym-close-follows": "1"}
+            )
         assert reply.status == 200, reply.json
         assert reply.json["worker"] == c[0].id
     if source == "typed_close":
@@ -298,9 +299,7 @@ async def test_typed_seed_with_9_mib_of_task_data_reaches_its_claimant(cluster):
     sid = new_id()
     await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     task = "x" * (9 * 1024 * 1024)
-    reply = await c[1].request(
-        "POST", "/seed_session", {"resources_session_id": sid, "task": task}
-    )
+    reply = await c[1].request("POST", "/seed_session", {"resources_session_id": sid, "task": task})
     assert reply.status == 200
     assert reply.json["worker"] == c[0].id
     assert reply.json["task_size"] == len(task)
@@ -405,7 +404,9 @@ async def test_session_without_a_start_ends_a_window_after_its_last_request(clus
 async def test_failed_start_keeps_its_claim_for_the_cleanup_close(cluster):
     c = await cluster(3)
     sid = new_id()
-    failed = await c[0].request("POST", "/seed_session", {"resources_session_id": sid, "fail": True})
+    failed = await c[0].request(
+        "POST", "/seed_session", {"resources_session_id": sid, "fail": True}
+    )
     assert failed.status == 500
     assert c.claim_owner(sid) == c[0].id
     cleanup = await c[2].request("POST", "/close_session", {"resources_session_id": sid})
