@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from servers import ServerProcess, start_server
+from gym_sessions.server_process import ServerProcess, start_server
 
 
 @pytest.fixture
@@ -30,7 +27,7 @@ def serve(short_tmp) -> Iterator[Callable[..., ServerProcess]]:
 
     def _serve(target: str, *args: str, workers: int = 1) -> ServerProcess:
         tmpdir = os.path.join(short_tmp, f"s{len(started)}")
-        server = start_server(target, tmpdir, *args, workers=workers)
+        server = start_server(target, *args, workers=workers, tmpdir=tmpdir)
         started.append(server)
         return server
 

@@ -24,19 +24,15 @@ from gym_sessions.errors import (
     SessionClosedError,
     SessionConflictError,
 )
+from gym_sessions.server_process import start_server
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def counter_url(tmp_path_factory):
-    import tempfile
-
-    from servers import start_server
-
-    server = start_server("envs.counter:CounterEnv", tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    yield server.url
-    server.stop()
+def counter_url():
+    with start_server("envs.counter:CounterEnv") as server:
+        yield server.url
 
 
 def raw(url: str, method: str, path: str, data: bytes | None = None, headers=None):

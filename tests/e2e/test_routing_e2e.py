@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .counter_load import claim_owner, fresh_connections, make_episodes, play, play_all
+from envs.counter_load import claim_owner, client_session, make_episodes, play, play_all
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +84,7 @@ def test_sigkilled_worker_gives_exactly_its_sessions_410(serve):
         await request(client, "/close_session", e, {"resources_session_id": e.session_id})
 
     async def scenario():
-        async with fresh_connections() as client:
+        async with client_session() as client:
             await asyncio.gather(*[start(client, e) for e in episodes])
             owners = {e.session_id: claim_owner(runtime_dir, e.session_id) for e in episodes}
             victim = max(set(owners.values()), key=list(owners.values()).count)

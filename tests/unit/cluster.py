@@ -7,7 +7,6 @@ worker accepts each request (as uvicorn's shared socket would, at random).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from gym_sessions.credentials import SessionCredentials
+from gym_sessions.routing.claim_store import FileClaimStore
 from gym_sessions.routing.private_listener import PrivateListener
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.server.app import WorkerApp
@@ -131,14 +131,7 @@ class Cluster:
 
     def claim_owner(self, session_id: str) -> str | None:
         assert self.runtime_dir is not None
-        path = os.path.join(
-            self.runtime_dir.claims_dir, hashlib.sha256(session_id.encode()).hexdigest()
-        )
-        try:
-            with open(path) as file:
-                return file.read()
-        except FileNotFoundError:
-            return None
+        return FileClaimStore(self.runtime_dir.claims_dir, "reader").read(session_id)
 
     def claim_count(self) -> int:
         return 0 if self.runtime_dir is None else self.runtime_dir.claim_count()

@@ -1,0 +1,125 @@
+"""Counter episodes over raw HTTP, for tests, benchmarks and stress runs.
+
+`play_all` runs episodes concurrently against a served `CounterEnv`, with a new
+TCP connection for every request by default, so uvicorn hands each request to
+whichever worker accepts it: the case session routing exists for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from gym_sessions.routing.claim_store import FileClaimStore
+from gym_sessions.routing.runtime_dir import RuntimeDirectory
+
+__all__ = ["Episode", "claim_owner", "client_session", "make_episodes", "play", "play_all"]
+
+COOKIE = "gym_session"
+
+
+@dataclass
+class Episode:
+    """One counter episode and what happened to it."""
+
+    session_id: str
+    initial: int
+    increments: list[int]
+    reward: float | None = None
+    statuses: list[int] = field(default_factory=list)
+    error_codes: list[str] = field(default_factory=list)
+
+    @property
+    def expected(self) -> int:
+        return self.initial + sum(self.increments)
+
+
+def make_episodes(n: int, seed: int = 0) -> list[Episode]:
+    """``n`` random episodes of 3-6 non-zero increments, reproducible from ``seed``."""
+    rng = random.Random(seed)
+    steps = [i for i in range(-10, 11) if i]
+    return [
+        Episode(
+            uuid.UUID(int=rng.getrandbits(128)).hex,
+            rng.randint(-50, 50),
+            [rng.choice(steps) for _ in range(rng.randint(3, 6))],
+        )
+        for _ in range(n)
+    ]
+
+
+def client_session(*, fresh_connections: bool = True, limit: int = 64) -> aiohttp.ClientSession:
+    """An aiohttp client; ``fresh_connections`` opens a new TCP connection per request."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(force_close=fresh_connections, limit=limit),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=aiohttp.ClientTimeout(total=120),
+    )
+
+
+async def _post(
+    client: aiohttp.ClientSession,
+    url: str,
+    episode: Episode,
+    body: dict[str, Any] | None,
+    cookie: str | None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, str | None]:
+    send_headers = dict(headers or {})
+    if cookie:
+        send_headers["Cookie"] = f"{COOKIE}={cookie}"
+    async with client.post(url, json=body, headers=send_headers) as reply:
+        data = await reply.json(content_type=None)
+        episode.statuses.append(reply.status)
+        if reply.status >= 400:
+            episode.error_codes.append(data["error"]["code"])
+        morsel = reply.cookies.get(COOKIE)
+        return reply.status, data, morsel.value if morsel else cookie
+
+
+async def play(
+    client: aiohttp.ClientSession, url: str, episode: Episode, *, typed: bool = True
+) -> Episode:
+    """Reset, step every increment, verify (a close follows), close; records the reward.
+
+    Args:
+        typed: Name the session in the reset body; otherwise the server mints
+            the id and the cookie carries it.
+    """
+    body: dict[str, Any] = {
+        "options": {"initial_count": episode.initial, "expected_count": episode.expected}
+    }
+    if typed:
+        body["resources_session_id"] = episode.session_id
+    status, data, cookie = await _post(client, url + "/reset", episode, body, None)
+    if status != 200:
+        return episode
+    episode.session_id = data["resources_session_id"]
+    for step in episode.increments:
+        await _post(client, url + "/step", episode, {"action": step}, cookie)
+    status, data, cookie = await _post(
+        client, url + "/verify", episode, {}, cookie, {"x-gym-close-follows": "1"}
+    )
+    if status == 200:
+        episode.reward = data["reward"]
+    close_body = {"resources_session_id": episode.session_id}
+    await _post(client, url + "/close_session", episode, close_body, cookie)
+    return episode
+
+
+async def play_all(
+    url: str, episodes: list[Episode], *, typed: bool = True, fresh_connections: bool = True
+) -> list[Episode]:
+    """Play ``episodes`` concurrently against the server at ``url``."""
+    async with client_session(fresh_connections=fresh_connections) as client:
+        return await asyncio.gather(*[play(client, url, e, typed=typed) for e in episodes])
+
+
+def claim_owner(runtime_dir: str, session_id: str) -> str | None:
+    """The worker id in a session's claim file, or ``None``."""
+    return FileClaimStore(RuntimeDirectory(runtime_dir).claims_dir, "reader").read(session_id)

@@ -1,0 +1,145 @@
+"""Run ``gym-sessions serve`` as a child process: start it, wait until ready, stop it by PID.
+
+The demo, the tests, the benchmarks and the notebooks all start real servers
+this way. Each server gets its own short temporary directory as ``TMPDIR``, so
+its runtime directory (claims and private sockets) is easy to find and Unix
+socket paths stay under their length limit.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ServerProcess", "start_server"]
+
+_LISTENING = re.compile(r"on http://(\S+):(\d+) with")
+
+
+@dataclass
+class ServerProcess:
+    """A running ``gym-sessions serve`` process.
+
+    Attributes:
+        process: The supervisor process.
+        url: Base URL of the public listener.
+        tmpdir: The server's ``TMPDIR``; its runtime directory lives inside.
+        log_path: Where the server's stdout and stderr go.
+    """
+
+    process: subprocess.Popen[bytes]
+    url: str
+    tmpdir: str
+    log_path: str
+    owns_tmpdir: bool = False
+
+    def runtime_dirs(self) -> list[str]:
+        """Runtime directories of this server (one while it runs with several workers)."""
+        return glob.glob(os.path.join(self.tmpdir, "gym-sessions-*"))
+
+    def claim_files(self) -> list[str]:
+        """Claim files currently in the runtime directory."""
+        pattern = os.path.join(self.tmpdir, "gym-sessions-*", "claims", "*")
+        return [p for p in glob.glob(pattern) if not os.path.basename(p).startswith(".")]
+
+    def worker_sockets(self) -> list[str]:
+        """Private sockets of the live (or killed) workers."""
+        return glob.glob(os.path.join(self.tmpdir, "gym-sessions-*", "workers", "*.sock"))
+
+    def health(self, timeout: float = 5.0) -> dict[str, Any]:
+        """``GET /health`` on a new connection."""
+        with urllib.request.urlopen(self.url + "/health", timeout=timeout) as reply:
+            return json.loads(reply.read())
+
+    def log(self) -> str:
+        """What the server printed so far."""
+        with open(self.log_path, errors="replace") as file:
+            return file.read()
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM the server, SIGKILL it after ``timeout``; returns its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        if self.owns_tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+        return self.process.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server(
+    target: str,
+    *args: str,
+    workers: int = 1,
+    tmpdir: str | None = None,
+    ready_timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    """Start ``gym-sessions serve TARGET --port 0 --workers N ARGS`` and wait until it serves.
+
+    Ready means the listening line was printed, ``/health`` answers and, when
+    routing, every worker's private socket exists.
+
+    Raises:
+        RuntimeError: the server exited or did not become ready in time (with its log).
+    """
+    owns_tmpdir = tmpdir is None
+    tmpdir = tmpdir or tempfile.mkdtemp(prefix="gs-", dir="/tmp")
+    os.makedirs(tmpdir, exist_ok=True)
+    log_path = os.path.join(tmpdir, "server.log")
+    command = [
+        sys.executable,
+        "-m",
+        "gym_sessions",
+        "serve",
+        target,
+        "--port",
+        "0",
+        "--workers",
+        str(workers),
+        "--log-level",
+        "warning",
+        *args,
+    ]
+    child_env = {**os.environ, **(env or {}), "TMPDIR": tmpdir, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+    server = ServerProcess(process, "", tmpdir, log_path, owns_tmpdir)
+    routed = workers > 1 and "--no-routing" not in args
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited early ({process.returncode}):\n{server.log()}")
+        match = _LISTENING.search(server.log())
+        if match:
+            server.url = f"http://{match.group(1)}:{match.group(2)}"
+            try:
+                server.health()
+            except OSError:
+                pass
+            else:
+                if not routed or len(server.worker_sockets()) >= workers:
+                    return server
+        time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"server did not become ready in {ready_timeout} s:\n{server.log()}")
