@@ -50,6 +50,7 @@ __all__ = [
     "StartupError",
     "error_body",
     "error_from_body",
+    "jsonrpc_error_body",
 ]
 
 
@@ -154,6 +155,25 @@ _BY_STATUS: dict[int, type[HTTPError]] = {
 def error_body(error: HTTPError) -> bytes:
     """The JSON body of ``error``: ``{"error": {"code": ..., "message": ...}}``."""
     return json.dumps({"error": {"code": error.code, "message": error.message}}).encode()
+
+
+# JSON-RPC "server error" code for framework errors; ``data`` carries code and status.
+JSONRPC_SERVER_ERROR = -32001
+
+
+def jsonrpc_error_body(error: HTTPError, request_id: object = None) -> bytes:
+    """``error`` as a JSON-RPC error object, for endpoints that speak JSON-RPC (MCP)."""
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "error": {
+                "code": JSONRPC_SERVER_ERROR,
+                "message": f"{error.code}: {error.message}",
+                "data": {"code": error.code, "status": error.status},
+            },
+        }
+    ).encode()
 
 
 def error_from_body(status: int, body: bytes) -> HTTPError:

@@ -40,6 +40,17 @@ exactly ``stacked_array.tolist()``), Graph an object with ``nodes``, ``edges``
 and ``edge_links`` (``null`` where absent; nodes and edges are encoded like a
 stacked Sequence), and OneOf ``[index, value]``.
 
+A stacked value is split into its elements the way `concatenate` built it: a
+Tuple/Dict part by part, arrays along the first axis, other spaces (Text,
+Sequence, Graph, OneOf) as a tuple of elements. A part made only of empty
+Tuples/Dicts (e.g. the ``Tuple(())`` in ``Sequence(Dict(a=Tuple(()), b=Box(...)),
+stack=True)``) stacks to the same ``()`` for any length, so it is written as its
+only element in every row and the length is taken from the other parts. If no
+part records a length (``Sequence(Tuple(()), stack=True)``, whose values are all
+``()``), the value is written as ``[]``, which decodes back to that same value.
+An empty stacked value is ``[]`` and decodes to what ``create_empty_array(feature,
+0)`` builds (e.g. ``{"b": np.zeros((0,), dtype)}``), for any feature space.
+
 Everything invalid coming in raises `SpaceCodecError`, a `ValueError`.
 """
 
@@ -70,6 +81,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 __all__ = [
     "SpaceCodecError",
     "space_from_json",
+    "space_json_schema",
     "space_to_json",
     "value_from_json",
     "value_to_json",
@@ -639,8 +651,34 @@ def space_from_json(data: Mapping[str, Any]) -> Space[Any]:
 # --------------------------------------------------------------------------- values
 
 
-def _unstack(feature: Space[Any], value: Any, path: str) -> list[Any]:
-    """Split a stacked value (as `concatenate` builds it) into its elements."""
+def _has_no_length(feature: Space[Any]) -> bool:
+    """Whether the stacked form of ``feature`` is the same for every length.
+
+    `concatenate` stacks a Tuple/Dict part by part, so a Tuple or Dict built only
+    from empty Tuples/Dicts (e.g. ``Tuple(())``) stacks to ``()``/``{}`` whatever
+    the number of elements: it holds no per-element data, and no length.
+    """
+    if isinstance(feature, Tuple):
+        return all(_has_no_length(sub) for sub in feature.spaces)
+    if isinstance(feature, Dict):
+        return all(_has_no_length(sub) for sub in feature.spaces.values())
+    return False
+
+
+def _only_element(feature: Space[Any]) -> Any:
+    """The one element of a space for which `_has_no_length` holds."""
+    if isinstance(feature, Tuple):
+        return tuple(_only_element(sub) for sub in feature.spaces)
+    return {key: _only_element(sub) for key, sub in feature.spaces.items()}
+
+
+def _unstack(feature: Space[Any], value: Any, path: str) -> list[Any] | None:
+    """Split a stacked value (as `concatenate` builds it) into its elements.
+
+    Returns None when the stacked form does not record how many elements it
+    holds (see `_has_no_length`); parts of a Tuple/Dict with no length take their
+    only element in every row, and the length comes from the other parts.
+    """
     if isinstance(feature, _ARRAY_SPACES):
         return list(np.asarray(value))
     if isinstance(feature, Tuple):
@@ -650,8 +688,8 @@ def _unstack(feature: Space[Any], value: Any, path: str) -> list[Any]:
             _unstack(sub, part, f"{path}[{i}]")
             for i, (sub, part) in enumerate(zip(feature.spaces, value, strict=True))
         ]
-        _check_same_length(columns, path)
-        return [tuple(row) for row in zip(*columns, strict=True)]
+        rows = _join_columns(list(feature.spaces), columns, path)
+        return None if rows is None else [tuple(row) for row in rows]
     if isinstance(feature, Dict):
         if not isinstance(value, Mapping) or set(value) != set(feature.spaces):
             raise SpaceCodecError(
@@ -659,14 +697,26 @@ def _unstack(feature: Space[Any], value: Any, path: str) -> list[Any]:
             )
         keys = list(feature.spaces)
         columns = [_unstack(feature.spaces[key], value[key], f"{path}[{key!r}]") for key in keys]
-        _check_same_length(columns, path)
-        return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+        rows = _join_columns(list(feature.spaces.values()), columns, path)
+        return None if rows is None else [dict(zip(keys, row, strict=True)) for row in rows]
     return list(value)
 
 
-def _check_same_length(columns: list[list[Any]], path: str) -> None:
-    if len({len(column) for column in columns}) > 1:
+def _join_columns(
+    subs: list[Space[Any]], columns: list[list[Any] | None], path: str
+) -> list[list[Any]] | None:
+    """Turn per-part columns into rows; None if no part records the length."""
+    lengths = {len(column) for column in columns if column is not None}
+    if not lengths:
+        return None
+    if len(lengths) > 1:
         raise SpaceCodecError(f"{path}: stacked parts have different lengths")
+    (n,) = lengths
+    filled = [
+        [_only_element(sub) for _ in range(n)] if column is None else column
+        for sub, column in zip(subs, columns, strict=True)
+    ]
+    return [list(row) for row in zip(*filled, strict=True)]
 
 
 def _encode_stacked(feature: Space[Any], value: Any, path: str) -> list[Any]:
@@ -675,10 +725,10 @@ def _encode_stacked(feature: Space[Any], value: Any, path: str) -> list[Any]:
         if arr.ndim == 0:
             raise SpaceCodecError(f"{path}: expected a stacked array, got a scalar")
         return _encode_array(arr, path)
-    return [
-        _value_to_json(feature, item, f"{path}[{i}]")
-        for i, item in enumerate(_unstack(feature, value, path))
-    ]
+    items = _unstack(feature, value, path)
+    # A stacked value with no recorded length (e.g. for Sequence(Tuple(()), stack=True),
+    # always ``()``) is written as [], which decodes back to that same value.
+    return [_value_to_json(feature, item, f"{path}[{i}]") for i, item in enumerate(items or ())]
 
 
 def _decode_stacked(feature: Space[Any], data: Any, path: str) -> Any:
@@ -686,7 +736,12 @@ def _decode_stacked(feature: Space[Any], data: Any, path: str) -> Any:
     if isinstance(feature, _ARRAY_SPACES):
         return _decode_array(items, feature.dtype, (len(items), *feature.shape), path)
     decoded = [_value_from_json(feature, item, f"{path}[{i}]") for i, item in enumerate(items)]
-    return concatenate(feature, decoded, create_empty_array(feature, len(decoded)))
+    out = create_empty_array(feature, len(decoded))
+    if not decoded:
+        # `concatenate` cannot stack zero arrays (np.stack raises), but the empty
+        # buffer already is the stacked form of no elements: shape-(0, ...) arrays.
+        return out
+    return concatenate(feature, decoded, out)
 
 
 def _array_value_to_json(space: Any, value: Any, path: str) -> Any:
@@ -946,3 +1001,76 @@ def value_from_json(space: Space[Any], data: Any) -> Any:
         raise
     except _WRAPPED as exc:
         raise SpaceCodecError(f"$: invalid value for {space!r:.80}: {exc!r}") from exc
+
+
+# --------------------------------------------------------------------------- JSON Schema
+
+
+def _array_schema(shape: tuple[int, ...], item: dict[str, Any]) -> dict[str, Any]:
+    schema = item
+    for size in reversed(shape):
+        schema = {"type": "array", "items": schema, "minItems": size, "maxItems": size}
+    return schema
+
+
+def _number_schema(kind: str, low: Any, high: Any) -> dict[str, Any]:
+    if kind in "fc":
+        # Non-finite values travel as the strings "inf", "-inf" and "nan".
+        return {"anyOf": [{"type": "number"}, {"enum": list(_NONFINITE)}]}
+    if kind == "b":
+        return {"type": "boolean"}
+    schema: dict[str, Any] = {"type": "integer"}
+    if np.ndim(low) == 0 and np.ndim(high) == 0:
+        schema.update(minimum=int(low), maximum=int(high))
+    return schema
+
+
+def space_json_schema(space: Space[Any]) -> dict[str, Any]:
+    """A JSON Schema for the JSON encoding (`value_to_json`) of values of ``space``.
+
+    Used to describe actions to agents (MCP tool inputs). Exact for Discrete,
+    MultiBinary, Text, Tuple and Dict; Box and MultiDiscrete give shape and item
+    type, with bounds when they are the same for every element. Other spaces
+    accept any JSON.
+    """
+    if isinstance(space, Discrete):
+        start = int(space.start)
+        return {"type": "integer", "minimum": start, "maximum": start + int(space.n) - 1}
+    if isinstance(space, Box):
+        low = space.low.flat[0] if np.all(space.low == space.low.flat[0]) else space.low
+        high = space.high.flat[0] if np.all(space.high == space.high.flat[0]) else space.high
+        item = _number_schema(space.dtype.kind, low, high)
+        if space.dtype.kind in "fc" and np.ndim(low) == 0 and np.ndim(high) == 0:
+            bounds = {}
+            if np.isfinite(low):
+                bounds["minimum"] = float(low)
+            if np.isfinite(high):
+                bounds["maximum"] = float(high)
+            item = {"type": "number", **bounds} if bounds else item
+        return _array_schema(space.shape, item)
+    if isinstance(space, MultiDiscrete):
+        return _array_schema(space.shape, {"type": "integer"})
+    if isinstance(space, MultiBinary):
+        return _array_schema(space.shape, {"type": "integer", "enum": [0, 1]})
+    if isinstance(space, Text):
+        return {
+            "type": "string",
+            "minLength": int(space.min_length),
+            "maxLength": int(space.max_length),
+        }
+    if isinstance(space, Tuple):
+        items = [space_json_schema(sub) for sub in space.spaces]
+        return {
+            "type": "array",
+            "prefixItems": items,
+            "minItems": len(items),
+            "maxItems": len(items),
+        }
+    if isinstance(space, Dict):
+        return {
+            "type": "object",
+            "properties": {key: space_json_schema(sub) for key, sub in space.spaces.items()},
+            "required": list(space.spaces),
+            "additionalProperties": False,
+        }
+    return {}

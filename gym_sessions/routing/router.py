@@ -31,6 +31,7 @@ from gym_sessions.errors import (
     HTTPError,
     SessionConflictError,
     error_body,
+    jsonrpc_error_body,
 )
 from gym_sessions.routing.forwarder import Forwarder
 from gym_sessions.routing.owned_claims import OwnedClaims
@@ -51,9 +52,9 @@ class _ClientDisconnected(Exception):
     pass
 
 
-async def send_error(send: Send, error: HTTPError) -> None:
-    """Reply with ``error``'s JSON body."""
-    body = error_body(error)
+async def send_error(send: Send, error: HTTPError, *, jsonrpc: bool = False) -> None:
+    """Reply with ``error``'s JSON body (as a JSON-RPC error object on JSON-RPC paths)."""
+    body = jsonrpc_error_body(error) if jsonrpc else error_body(error)
     await send(
         {
             "type": "http.response.start",
@@ -101,6 +102,7 @@ class SessionRouter:
         close_paths: Paths that close a session (claimed before the handler
             when they name an id, so a delayed start reaches the worker that
             recorded the close).
+        jsonrpc_paths: Paths whose errors are JSON-RPC error objects (MCP).
         max_body_bytes: Larger bodies get 413.
     """
 
@@ -115,6 +117,7 @@ class SessionRouter:
         start_paths: Collection[str],
         close_paths: Collection[str],
         max_body_bytes: int,
+        jsonrpc_paths: Collection[str] = (),
     ) -> None:
         self.app = app
         self.sources = sources
@@ -123,6 +126,7 @@ class SessionRouter:
         self.forwarder = forwarder
         self.start_paths = frozenset(start_paths)
         self.close_paths = frozenset(close_paths)
+        self.jsonrpc_paths = frozenset(jsonrpc_paths)
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -135,7 +139,7 @@ class SessionRouter:
         except _ClientDisconnected:
             return
         except HTTPError as error:
-            await send_error(send, error)
+            await self._send_error(scope, send, error)
             return
         scope[REQUEST_SESSION_KEY] = routed
         sid = routed.session_id
@@ -149,9 +153,13 @@ class SessionRouter:
                 await self._forward(owner, scope, body, send)
                 return
         elif routed.claims_first and self.claims.claim(sid) is not None:
-            await send_error(send, _claimed_elsewhere(sid))
+            await self._send_error(scope, send, _claimed_elsewhere(sid))
             return
         await self._serve_here(routed, scope, body, receive, send)
+
+    async def _send_error(self, scope: Scope, send: Send, error: HTTPError) -> None:
+        jsonrpc = route_path(scope["path"]) in self.jsonrpc_paths
+        await send_error(send, error, jsonrpc=jsonrpc)
 
     def _find_session(self, scope: Scope, body: bytes) -> RequestSession:
         path = route_path(scope["path"])
@@ -181,7 +189,7 @@ class SessionRouter:
         try:
             await self.forwarder.forward(owner, scope, body, send)
         except HTTPError as error:
-            await send_error(send, error)
+            await self._send_error(scope, send, error)
 
     async def _serve_here(
         self, routed: RequestSession, scope: Scope, body: bytes, receive: Receive, send: Send
@@ -213,7 +221,7 @@ class SessionRouter:
                         held = True
                     else:
                         refused = True
-                        await send_error(send, _claimed_elsewhere(sid))
+                        await self._send_error(scope, send, _claimed_elsewhere(sid))
                         return
             await send(message)
 

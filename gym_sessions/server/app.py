@@ -123,6 +123,7 @@ class WorkerApp:
             forwarder=self.forwarder,
             start_paths=settings.checkpoint_session_starts,
             close_paths=server.close_paths,
+            jsonrpc_paths=server.jsonrpc_paths,
             max_body_bytes=settings.max_body_bytes,
         )
         self._sweeper: asyncio.Task[None] | None = None

@@ -20,9 +20,16 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from gym_sessions.errors import EnvError, InvalidRequestError, NoOpenEpisodeError
-from gym_sessions.server.bodies import BodySchema, Field, read_json
+from gym_sessions.server.bodies import BodySchema, Field
 from gym_sessions.server.resources import ResourcesServer, session_id
-from gym_sessions.spaces import SpaceCodecError, space_to_json, value_from_json, value_to_json
+from gym_sessions.server.tools import Tool
+from gym_sessions.spaces import (
+    SpaceCodecError,
+    space_json_schema,
+    space_to_json,
+    value_from_json,
+    value_to_json,
+)
 
 __all__ = ["GymEnvServer", "to_jsonable"]
 
@@ -36,6 +43,7 @@ class _EnvSession:
     episode_open: bool = False
     episode_return: float = 0.0
     episode_length: int = 0
+    observation: Any = None  # the latest observation, as JSON
 
 
 def to_jsonable(value: Any) -> Any:
@@ -86,8 +94,14 @@ class GymEnvServer(ResourcesServer):
             }
         finally:
             probe.close()
-        self.step_body = BodySchema(
-            {"action": Field(required=True, description="an element of the action space")}
+        self.step_arguments = BodySchema(
+            {
+                "action": Field(
+                    required=True,
+                    description="an element of the action space",
+                    schema=space_json_schema(self.action_space),
+                )
+            }
         )
         self._sessions: dict[str, _EnvSession] = {}
 
@@ -97,8 +111,22 @@ class GymEnvServer(ResourcesServer):
     def extra_routes(self) -> list[BaseRoute]:
         return [Route("/spaces", self._spaces_route, methods=["GET"])]
 
-    def tool_routes(self) -> list[BaseRoute]:
-        return [Route("/step", self._step_route, methods=["POST"])]
+    def tools(self) -> list[Tool]:
+        return [
+            Tool(
+                "step",
+                "Take one action in this session's episode; returns observation, reward, "
+                "terminated, truncated and info.",
+                self.step_arguments,
+                self._step,
+            ),
+            Tool(
+                "observe",
+                "Read the latest observation of this session's episode without acting.",
+                BodySchema(),
+                self._observe,
+            ),
+        ]
 
     async def _spaces_route(self, request: Request) -> JSONResponse:
         return JSONResponse(self._spaces_reply)
@@ -115,13 +143,10 @@ class GymEnvServer(ResourcesServer):
         observation, info = _call_env("reset", state.env.reset, seed=seed, options=options)
         state.episode_open = True
         state.episode_return, state.episode_length = 0.0, 0
-        return {
-            "observation": value_to_json(self.observation_space, observation),
-            "info": to_jsonable(info),
-        }
+        state.observation = value_to_json(self.observation_space, observation)
+        return {"observation": state.observation, "info": to_jsonable(info)}
 
-    async def _step_route(self, request: Request) -> JSONResponse:
-        body = self.step_body.validate(await read_json(request))
+    def _open_episode(self, request: Request) -> _EnvSession:
         state = self._sessions.get(session_id(request))
         if state is None or not state.episode_open:
             raise NoOpenEpisodeError(
@@ -129,6 +154,14 @@ class GymEnvServer(ResourcesServer):
                 if state is None
                 else "the episode has ended: call /reset to start a new one"
             )
+        return state
+
+    async def _observe(self, request: Request, body: dict[str, Any]) -> dict[str, Any]:
+        state = self._open_episode(request)
+        return {"observation": state.observation, "episode_length": state.episode_length}
+
+    async def _step(self, request: Request, body: dict[str, Any]) -> dict[str, Any]:
+        state = self._open_episode(request)
         try:
             action = value_from_json(self.action_space, body["action"])
         except SpaceCodecError as exc:
@@ -141,15 +174,14 @@ class GymEnvServer(ResourcesServer):
         state.episode_length += 1
         if terminated or truncated:
             state.episode_open = False
-        return JSONResponse(
-            {
-                "observation": value_to_json(self.observation_space, observation),
-                "reward": reward,
-                "terminated": bool(terminated),
-                "truncated": bool(truncated),
-                "info": to_jsonable(info),
-            }
-        )
+        state.observation = value_to_json(self.observation_space, observation)
+        return {
+            "observation": state.observation,
+            "reward": reward,
+            "terminated": bool(terminated),
+            "truncated": bool(truncated),
+            "info": to_jsonable(info),
+        }
 
     async def verify_session(self, session_id: str, body: dict[str, Any]) -> dict:
         state = self._sessions.get(session_id)

@@ -2,7 +2,7 @@
 
 A resources server keeps per-session state in the worker that created it.
 Subclasses implement the hooks (`start_session`, `verify_session`,
-`release_session`) and add tool routes with `tool_routes`; the base owns the
+`release_session`) and declare their tools with `tools`; the base owns the
 lifetime rules: a successful start opens the session, a close or a verify
 without ``x-gym-close-follows`` ends it, a closed id is refused a new start for
 the window, and state is released once, on close or when the claim ends.
@@ -23,6 +23,8 @@ from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.session_ids import RESOURCES_SOURCES, SessionIdSources
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
+from gym_sessions.server.mcp import MCP_PATH, SESSION_TOKEN_HEADER_NAME, McpEndpoint
+from gym_sessions.server.tools import Tool
 from gym_sessions.settings import Settings
 
 __all__ = ["CLOSE_FOLLOWS_HEADER", "ResourcesServer", "session_id"]
@@ -57,6 +59,7 @@ class ResourcesServer:
 
     sources: ClassVar[SessionIdSources] = RESOURCES_SOURCES
     close_paths: ClassVar[tuple[str, ...]] = ("/close_session",)
+    jsonrpc_paths: ClassVar[tuple[str, ...]] = (MCP_PATH,)
 
     settings: Settings
     claims: OwnedClaims
@@ -93,8 +96,8 @@ class ResourcesServer:
         """Extra fields for ``/health`` (for example, sessions held)."""
         return {}
 
-    def tool_routes(self) -> list[BaseRoute]:
-        """The server's tool routes."""
+    def tools(self) -> list[Tool]:
+        """The server's tools: each is an HTTP route and an MCP tool."""
         return []
 
     def extra_routes(self) -> list[BaseRoute]:
@@ -116,7 +119,10 @@ class ResourcesServer:
             Route("/close_session", self._close_route, methods=["POST"]),
             Route("/aggregate_metrics", self._aggregate_route, methods=["POST"]),
             *self.extra_routes(),
-            *self.tool_routes(),
+            *(tool.route() for tool in self.tools()),
+            McpEndpoint(
+                self.tools(), self.credentials, session_id, name=type(self).__name__
+            ).route(),
         ]
 
     async def _health(self, request: Request) -> JSONResponse:
@@ -130,7 +136,16 @@ class ResourcesServer:
                 raise SessionClosedError(f"session {sid!r} was closed; start a new session id")
             reply = await self.start_session(sid, body, path)
             self.claims.mark_open(sid)
-            return JSONResponse({"resources_session_id": sid, **reply})
+            return JSONResponse(
+                {
+                    "resources_session_id": sid,
+                    **reply,
+                    "mcp": {
+                        "url_path": MCP_PATH,
+                        "headers": {SESSION_TOKEN_HEADER_NAME: self.credentials.mint_token(sid)},
+                    },
+                }
+            )
 
         return start
 

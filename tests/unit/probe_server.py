@@ -60,7 +60,7 @@ class ProbeServer(ResourcesServer):
         # First, so it shadows the base start route that settings add for this path.
         return [Route("/blind_start", self.blind_start, methods=["POST"]), *super().routes()]
 
-    def tool_routes(self) -> list[BaseRoute]:
+    def extra_routes(self) -> list[BaseRoute]:
         return [
             Route("/touch", self.touch, methods=["POST"]),
             Route("/nothing", self.nothing, methods=["GET", "POST"]),

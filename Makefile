@@ -1,0 +1,41 @@
+# gym-sessions: `make demo` runs the demo, `make test` runs the tests.
+# Needs only Python >= 3.11 (with its venv module) and make.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
+VENV := .venv
+BIN := $(VENV)/bin
+# Touched after a successful install; pyproject.toml changing makes it stale.
+STAMP := $(VENV)/.installed
+
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: venv demo test lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then echo "make: python3.11 or python3 not found" >&2; exit 1; fi
+	@"$(PYTHON)" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+		echo "make: $(PYTHON) is $$("$(PYTHON)" -V 2>&1); gym-sessions needs Python >= 3.11" >&2; \
+		exit 1; }
+	@if [ ! -x "$(BIN)/python" ]; then \
+		echo "creating $(VENV) with $(PYTHON)"; \
+		"$(PYTHON)" -m venv "$(VENV)" || { rm -rf "$(VENV)"; exit 1; }; \
+	fi
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e ".[dev]"
+	@touch "$@"
+
+demo: venv
+	$(BIN)/gym-sessions demo
+
+test: venv
+	$(BIN)/python -m pytest -q -ra
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf "$(VENV)" build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,133 @@
+"""``gym-sessions serve`` as a user meets it: start-up errors, ``--help``, start and stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+EXIT_STARTUP_FAILURE = 2
+TIMEOUT_SECONDS = 60.0
+# After SIGTERM a server shuts down gracefully, then exits 0 or re-raises the
+# signal (uvicorn's single-process server does); -9 would mean it had to be killed.
+CLEAN_EXIT = (0, -signal.SIGTERM)
+
+NOT_AN_ENV_MODULE = """\
+NOT_AN_ENV = {"a": 1}
+
+
+def make_nothing():
+    return None
+"""
+
+
+def run_cli(tmpdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m gym_sessions ARGS`` in ``tmpdir`` (cwd and TMPDIR); stop it by PID."""
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gym_sessions", *args],
+        cwd=tmpdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=TIMEOUT_SECONDS)
+    finally:
+        if process.poll() is None:
+            # It started serving instead of failing: stop it (and its workers) cleanly.
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate(timeout=5)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.fixture
+def port_in_use() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], *mentions: str) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == EXIT_STARTUP_FAILURE, result.stderr
+    assert len(lines) == 1, result.stderr
+    (line,) = lines
+    assert line.startswith("gym-sessions: error: "), line
+    for mention in mentions:
+        assert mention in line
+    assert result.stdout == ""
+    return line
+
+
+@pytest.mark.parametrize(
+    ("target", "mention"),
+    [
+        ("NoSuchEnv-v9", "NoSuchEnv-v9"),
+        ("no_such_module_for_gym_sessions:Env", "no_such_module_for_gym_sessions"),
+        ("envs.counter:NoSuchAttribute", "NoSuchAttribute"),
+        ("notenv:NOT_AN_ENV", "notenv:NOT_AN_ENV"),
+        ("notenv:make_nothing", "notenv:make_nothing"),
+    ],
+    ids=["unknown-id", "missing-module", "missing-attribute", "not-callable", "returns-none"],
+)
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_bad_target_is_one_error_line(short_tmp: str, target: str, mention: str, workers: str):
+    tmpdir = Path(short_tmp)
+    (tmpdir / "notenv.py").write_text(NOT_AN_ENV_MODULE)
+    result = run_cli(tmpdir, "serve", target, "--port", "0", "--workers", workers)
+    assert_one_error_line(result, mention)
+    assert list(tmpdir.glob("gym-sessions-*")) == []
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_port_in_use_is_one_error_line(short_tmp: str, port_in_use: int, workers: str):
+    tmpdir = Path(short_tmp)
+    result = run_cli(
+        tmpdir,
+        *("serve", "CartPole-v1", "--host", "127.0.0.1", "--port", str(port_in_use)),
+        *("--workers", workers),
+    )
+    assert_one_error_line(result, f"127.0.0.1:{port_in_use}")
+    assert list(tmpdir.glob("gym-sessions-*")) == []
+
+
+def test_serve_help_explains_routing_between_workers(short_tmp: str):
+    result = run_cli(Path(short_tmp), "serve", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "--workers" in text
+    assert "routed to the worker" in text
+    assert "--no-routing" in text
+
+
+def test_one_worker_serves_without_a_runtime_directory(serve):
+    server = serve("CartPole-v1", workers=1)
+    assert server.health()["status"] == "ok"
+    assert server.runtime_dirs() == []
+    assert server.stop() in CLEAN_EXIT
+    assert server.runtime_dirs() == []
+
+
+def test_two_workers_remove_their_runtime_directory_on_sigterm(serve):
+    server = serve("CartPole-v1", workers=2)
+    assert server.health()["status"] == "ok"
+    (runtime_dir,) = server.runtime_dirs()
+    assert len(server.worker_sockets()) == 2
+    assert oct(os.stat(runtime_dir).st_mode & 0o777) == oct(0o700)
+    assert server.stop() in CLEAN_EXIT
+    assert server.runtime_dirs() == []
