@@ -11,6 +11,7 @@ the window, and state is released once, on close or when the claim ends.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from starlette.requests import Request
@@ -24,7 +25,7 @@ from gym_sessions.routing.session_ids import RESOURCES_SOURCES, SessionIdSources
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
 from gym_sessions.server.mcp import MCP_PATH, SESSION_TOKEN_HEADER_NAME, McpEndpoint
-from gym_sessions.server.tools import Tool
+from gym_sessions.server.tools import Tool, ToolHandler
 from gym_sessions.settings import Settings
 
 __all__ = ["CLOSE_FOLLOWS_HEADER", "ResourcesServer", "session_id"]
@@ -108,6 +109,9 @@ class ResourcesServer:
 
     def routes(self) -> list[BaseRoute]:
         """Every route of the server, without the rollout prefix."""
+        tools = [
+            replace(tool, handler=self._refusing_closed(tool.handler)) for tool in self.tools()
+        ]
         starts = [
             Route(path, self._start_route(path), methods=["POST"])
             for path in self.settings.checkpoint_session_starts
@@ -119,11 +123,18 @@ class ResourcesServer:
             Route("/close_session", self._close_route, methods=["POST"]),
             Route("/aggregate_metrics", self._aggregate_route, methods=["POST"]),
             *self.extra_routes(),
-            *(tool.route() for tool in self.tools()),
-            McpEndpoint(
-                self.tools(), self.credentials, session_id, name=type(self).__name__
-            ).route(),
+            *(tool.route() for tool in tools),
+            McpEndpoint(tools, self.credentials, session_id, name=type(self).__name__).route(),
         ]
+
+    def _refusing_closed(self, handler: ToolHandler) -> ToolHandler:
+        async def call(request: Request, arguments: dict[str, Any]) -> dict[str, Any]:
+            sid = session_id(request)
+            if sid in self.closed:
+                raise SessionClosedError(f"session {sid!r} is closed")
+            return await handler(request, arguments)
+
+        return call
 
     async def _health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "worker": self.claims.worker_id, **self.metrics()})

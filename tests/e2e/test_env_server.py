@@ -79,7 +79,7 @@ def test_full_episode_and_lifecycle_over_http(counter_url):
     assert client.request("POST", "/close_session")["outcome"] == "already_closed"
     with pytest.raises(SessionClosedError):
         client.request("POST", "/reset", {})
-    with pytest.raises(NoOpenEpisodeError):
+    with pytest.raises(SessionClosedError):
         client.request("POST", "/step", {"action": 1})
 
 

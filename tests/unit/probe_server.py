@@ -12,8 +12,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from gym_sessions.errors import EnvError
-from gym_sessions.server.bodies import read_json
+from gym_sessions.server.bodies import BodySchema, read_json
 from gym_sessions.server.resources import ResourcesServer, session_id
+from gym_sessions.server.tools import Tool
 
 
 class ProbeServer(ResourcesServer):
@@ -59,6 +60,13 @@ class ProbeServer(ResourcesServer):
     def routes(self) -> list[BaseRoute]:
         # First, so it shadows the base start route that settings add for this path.
         return [Route("/blind_start", self.blind_start, methods=["POST"]), *super().routes()]
+
+    def tools(self) -> list[Tool]:
+        async def count(request: Request, arguments: dict[str, Any]) -> dict[str, Any]:
+            sid = session_id(request)
+            return {"worker": self.worker, "sid": sid, "count": self.counts.get(sid)}
+
+        return [Tool("count", "Read this session's counter.", BodySchema(), count)]
 
     def extra_routes(self) -> list[BaseRoute]:
         return [

@@ -65,7 +65,7 @@ async def test_typed_start_is_claimed_by_the_worker_that_served_it(cluster, star
 
 @pytest.mark.parametrize(
     "source",
-    ["cookie", "token", "typed_seed", "typed_reset", "typed_close", "rollout_cookie"],
+    ["cookie", "token", "mcp_token", "typed_seed", "typed_reset", "typed_close", "rollout_cookie"],
 )
 async def test_each_id_source_routes_to_the_claimant(cluster, source):
     c = await cluster(3)
@@ -81,6 +81,18 @@ async def test_each_id_source_routes_to_the_claimant(cluster, source):
             reply = await accepting.request(
                 "POST", "/touch", headers={"X-Gym-Session-Token": token}
             )
+        elif source == "mcp_token":
+            call = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "count", "arguments": {}},
+            }
+            token = c.credentials.mint_token(sid)
+            reply = await accepting.request(
+                "POST", "/mcp", call, headers={"X-Gym-Session-Token": token}
+            )
+            reply.json = reply.json["result"]["structuredContent"]
         elif source == "typed_seed":
             reply = await accepting.request("POST", "/seed_session", {"resources_session_id": sid})
         elif source == "typed_reset":
@@ -151,6 +163,13 @@ async def test_start_whose_handler_never_reads_the_session_is_claimed(cluster):
         ("POST", "/nothing", {"x": 1}),
         ("POST", "/aggregate_metrics", {"verify_responses": [{"reward": 1.0}]}),
         ("GET", "/no_such_route", None),
+        ("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        ("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}),
+        (
+            "POST",
+            "/mcp",
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "count"}},
+        ),
     ],
 )
 async def test_requests_that_keep_no_session_leave_no_claim_and_no_cookie(
@@ -347,6 +366,20 @@ async def test_session_of_an_exited_worker_gets_410(cluster, how):
                 reply = await accepting.request(method, route, body, **kwargs)
                 assert reply.status == 410, (route, reply.json)
                 assert reply.json["error"]["code"] == "session_gone"
+            # Over MCP the same refusal is a JSON-RPC error object.
+            call = {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "tools/call",
+                "params": {"name": "count", "arguments": {}},
+            }
+            token = c.credentials.mint_token(sid)
+            reply = await accepting.request(
+                "POST", "/mcp", call, headers={"X-Gym-Session-Token": token}
+            )
+            assert reply.status == 410
+            assert reply.json["error"]["data"]["code"] == "session_gone"
+            assert reply.json["jsonrpc"] == "2.0"
         # Other sessions are untouched.
         ok = await c[0].request("POST", "/touch", cookie=other.cookie)
         assert ok.status == 200 and ok.json["worker"] == c[2].id
