@@ -126,10 +126,21 @@ def start_server(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env)
     server = ServerProcess(process, "", tmpdir, log_path, owns_tmpdir)
     routed = workers > 1 and "--no-routing" not in args
-    deadline = time.monotonic() + ready_timeout
+    try:
+        _wait_until_ready(server, workers if routed else 0, ready_timeout)
+    except BaseException:
+        server.stop()  # also when the caller is interrupted while waiting
+        raise
+    return server
+
+
+def _wait_until_ready(server: ServerProcess, private_sockets: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited early ({process.returncode}):\n{server.log()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"server exited early ({server.process.returncode}):\n{server.log()}"
+            )
         match = _LISTENING.search(server.log())
         if match:
             server.url = f"http://{match.group(1)}:{match.group(2)}"
@@ -138,8 +149,7 @@ def start_server(
             except OSError:
                 pass
             else:
-                if not routed or len(server.worker_sockets()) >= workers:
-                    return server
+                if len(server.worker_sockets()) >= private_sockets:
+                    return
         time.sleep(0.1)
-    server.stop()
-    raise RuntimeError(f"server did not become ready in {ready_timeout} s:\n{server.log()}")
+    raise RuntimeError(f"server did not become ready in {timeout} s:\n{server.log()}")

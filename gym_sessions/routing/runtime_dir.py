@@ -19,6 +19,10 @@ __all__ = ["RuntimeDirectory"]
 _MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, with the terminating NUL
 
 
+def _too_long(base: str) -> bool:
+    return len(os.fsencode(base)) + 60 > _MAX_SOCKET_PATH
+
+
 class RuntimeDirectory:
     """Paths inside one server's runtime directory."""
 
@@ -35,12 +39,15 @@ class RuntimeDirectory:
             StartupError: socket paths under ``base`` would exceed the Unix limit.
         """
         base = base or tempfile.gettempdir()
-        # <base>/gym-sessions-<pid>-<8>/workers/<pid>-<8 hex>.sock must fit sun_path.
-        if len(os.fsencode(base)) + 60 > _MAX_SOCKET_PATH:
-            raise StartupError(
-                f"temporary directory {base!r} is too long for Unix socket paths; "
-                "set TMPDIR to a shorter directory"
-            )
+        # <base>/gym-sessions-<pid>-<8>/workers/<pid>-<8 hex>.sock must fit sun_path;
+        # a long TMPDIR (macOS has one) falls back to /tmp.
+        if _too_long(base):
+            if _too_long("/tmp") or not os.access("/tmp", os.W_OK):
+                raise StartupError(
+                    f"temporary directory {base!r} is too long for Unix socket paths; "
+                    "set TMPDIR to a shorter directory"
+                )
+            base = "/tmp"
         path = tempfile.mkdtemp(prefix=f"gym-sessions-{os.getpid()}-", dir=base)
         os.chmod(path, 0o700)
         directory = cls(path)

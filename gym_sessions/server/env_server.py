@@ -83,6 +83,8 @@ class GymEnvServer(ResourcesServer):
         self.env_factory = env_factory
         self.name = name
         probe = env_factory()
+        if not isinstance(probe, gym.Env):
+            raise TypeError(f"the factory returned {type(probe).__name__}, not a gymnasium.Env")
         try:
             self.observation_space = probe.observation_space
             self.action_space = probe.action_space
