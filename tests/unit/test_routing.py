@@ -15,7 +15,7 @@ from gym_sessions.routing.claim_store import FileClaimStore
 from .cluster import Cluster, send, start_cluster
 from .probe_server import ProbeServer
 
-WINDOW = 0.4
+WINDOW = 1.0
 STARTS = ("/seed_session", "/reset", "/blind_start")
 
 
@@ -397,7 +397,7 @@ async def test_open_session_keeps_its_claim_then_close_ends_it_a_window_later(cl
     c = await cluster(2)
     sid = new_id()
     await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
-    await asyncio.sleep(WINDOW * 3)
+    await asyncio.sleep(WINDOW * 1.5)
     assert c.claim_owner(sid) == c[0].id  # open: never expires
     closed = await c[1].request("POST", "/close_session", {"resources_session_id": sid})
     assert closed.json["outcome"] == "closed"
@@ -412,7 +412,7 @@ async def test_verify_ends_the_session_unless_a_close_follows(cluster):
     sid = new_id()
     start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     await c[1].request("POST", "/verify", cookie=start.cookie, headers={"x-gym-close-follows": "1"})
-    await asyncio.sleep(WINDOW * 2.5)
+    await asyncio.sleep(WINDOW * 1.5)
     assert c.claim_owner(sid) == c[0].id
     await c[1].request("POST", "/verify", cookie=start.cookie)
     assert c[0].server.released == [sid]
@@ -427,7 +427,7 @@ async def test_session_without_a_start_ends_a_window_after_its_last_request(clus
     first = await c[1].request("POST", "/touch")
     sid = first.json["sid"]
     for _ in range(3):
-        await asyncio.sleep(WINDOW / 2)
+        await asyncio.sleep(WINDOW / 4)
         await c[0].request("POST", "/touch", cookie=first.cookie)
     assert c.claim_owner(sid) == c[1].id  # each request restarted its window
     assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
@@ -469,9 +469,9 @@ async def test_claim_is_not_released_while_a_request_is_in_flight(cluster):
     first = await c[0].request("POST", "/touch")
     sid = first.json["sid"]
     slow = asyncio.create_task(
-        c[1].request("POST", "/sleep", {"seconds": WINDOW * 4}, cookie=first.cookie)
+        c[1].request("POST", "/sleep", {"seconds": WINDOW * 2.5}, cookie=first.cookie)
     )
-    await asyncio.sleep(WINDOW * 3)
+    await asyncio.sleep(WINDOW * 1.6)
     assert c.claim_owner(sid) == c[0].id
     reply = await slow
     assert reply.json["worker"] == c[0].id
