@@ -11,12 +11,27 @@ Serve it with ``gym-sessions serve envs.counter:CounterEnv --workers 4``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
 
-__all__ = ["CounterEnv"]
+from gym_sessions.errors import NotFoundError
+from gym_sessions.server.agent import AgentServer
+from gym_sessions.server.bodies import BodySchema, Field, read_json
+from gym_sessions.server.policies import (
+    ChatCompletionsPolicy,
+    Policy,
+    ScriptedPolicy,
+    StopEpisode,
+)
+from gym_sessions.spaces import space_from_json, space_json_schema
+
+__all__ = ["CounterAgent", "CounterEnv"]
 
 _INT64 = np.iinfo(np.int64)
 
@@ -56,3 +71,77 @@ class CounterEnv(gym.Env[np.ndarray, np.int64]):
         if self.render_mode == "ansi":
             return f"count={self.count}\n"
         return None
+
+
+class CounterAgent(AgentServer):
+    """The counter task's agent: ``/run`` plays a task, agent sessions keep a memory.
+
+    ``/run`` takes ``{env_url, task: {initial_count, increments, expected_count}}``
+    and steps each increment in order; with ``model: {base_url, name}`` it asks
+    an OpenAI-compatible model for each increment instead (the task is in the
+    prompt). Agent sessions hold a list of remembered values: ``POST /remember
+    {value}`` appends one and answers the count and total; the close receipt
+    carries them.
+
+    Serve it with ``gym-sessions serve envs.counter:CounterAgent --workers 4``.
+    """
+
+    def start_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        task = body.get("task") or {}
+        options = {
+            "initial_count": task.get("initial_count", 0),
+            "expected_count": task.get("expected_count"),
+        }
+        return {"seed": body.get("seed"), "options": options}
+
+    def make_policy(self, body: dict[str, Any], spaces: dict[str, Any]) -> Policy:
+        task = body.get("task") or {}
+        increments = task.get("increments", [])
+        model = body.get("model")
+        if model is None:
+            return ScriptedPolicy(increments)
+        prompt = json.dumps({"goal": "add each increment to the counter, in order", "task": task})
+        return CountedChatPolicy(
+            ChatCompletionsPolicy(
+                self.http_client(),
+                model["base_url"],
+                model.get("name", "counter-model"),
+                space_json_schema(space_from_json(spaces["action_space"])),
+                prompt,
+            ),
+            len(increments),
+        )
+
+    async def seed_agent_session(self, session_id: str, body: dict[str, Any]) -> Any:
+        return {"values": list(body.get("values", []))}
+
+    async def close_agent_session(self, session_id: str, state: Any) -> dict[str, Any]:
+        return {"count": len(state["values"]), "total": sum(state["values"])}
+
+    def extra_routes(self) -> list[BaseRoute]:
+        return [Route("/remember", self._remember, methods=["POST"])]
+
+    async def _remember(self, request: Request) -> JSONResponse:
+        body = REMEMBER_BODY.validate(await read_json(request))
+        state = self.agent_state(request)
+        if state is None:
+            raise NotFoundError("no agent session: seed one with POST /v1/agent_sessions")
+        state["values"].append(body["value"])
+        return JSONResponse({"count": len(state["values"]), "total": sum(state["values"])})
+
+
+REMEMBER_BODY = BodySchema({"value": Field(("integer",), required=True)})
+
+
+class CountedChatPolicy:
+    """Asks the model for exactly ``steps`` actions, then ends the episode."""
+
+    def __init__(self, policy: ChatCompletionsPolicy, steps: int) -> None:
+        self._policy = policy
+        self._left = steps
+
+    async def act(self, observation: Any, info: dict[str, Any]) -> Any:
+        if self._left <= 0:
+            raise StopEpisode
+        self._left -= 1
+        return await self._policy.act(observation, info)

@@ -28,6 +28,7 @@ class _Claim:
     idle_since: float
     open: bool = False
     in_flight: int = 0
+    release_when_idle: bool = False
 
 
 class OwnedClaims:
@@ -89,12 +90,15 @@ class OwnedClaims:
         if claim is not None:
             claim.in_flight -= 1
             claim.idle_since = self._clock()
+            if claim.release_when_idle and claim.in_flight == 0:
+                self._release(session_id)
 
     def mark_open(self, session_id: str) -> None:
         """The session started successfully: its claim lasts until it stops being open."""
         claim = self._claims.get(session_id)
         if claim is not None:
             claim.open = True
+            claim.release_when_idle = False
 
     def mark_not_open(self, session_id: str) -> None:
         """The session was closed, verified or ended: its window starts after its last request."""
@@ -102,6 +106,21 @@ class OwnedClaims:
         if claim is not None:
             claim.open = False
             claim.idle_since = self._clock()
+
+    def release_now(self, session_id: str) -> None:
+        """End the claim at once, or as soon as its last in-flight request is done.
+
+        For servers that decide a claim's end themselves: an agent whose seed
+        created nothing, or that dropped a session's last record.
+        """
+        claim = self._claims.get(session_id)
+        if claim is None:
+            return
+        if claim.in_flight == 0:
+            self._release(session_id)
+        else:
+            claim.open = False
+            claim.release_when_idle = True
 
     def is_open(self, session_id: str) -> bool:
         """Whether a claimed session is marked open."""

@@ -38,7 +38,7 @@ from gym_sessions.routing.private_listener import PrivateListener
 from gym_sessions.routing.router import SessionRouter
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.session_cookie import SessionCookieMiddleware
-from gym_sessions.server.resources import ResourcesServer
+from gym_sessions.server.base import SessionServer
 from gym_sessions.settings import Settings
 
 __all__ = ["WorkerApp", "create_app", "new_worker_id"]
@@ -81,12 +81,12 @@ class WorkerApp:
     """The ASGI app of one worker.
 
     Args:
-        server: The resources server (or env adapter) this worker serves.
+        server: The server (resources, env adapter or agent) this worker serves.
         settings: Server settings; ``runtime_dir`` set means this worker routes.
         worker_id: This worker's id (a fresh one by default).
     """
 
-    def __init__(self, server: ResourcesServer, settings: Settings, worker_id: str | None = None):
+    def __init__(self, server: SessionServer, settings: Settings, worker_id: str | None = None):
         self.server = server
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
@@ -121,12 +121,12 @@ class WorkerApp:
             credentials=self.credentials,
             claims=self.claims,
             forwarder=self.forwarder,
-            start_paths=settings.checkpoint_session_starts,
+            start_paths=server.start_paths,
             close_paths=server.close_paths,
             jsonrpc_paths=server.jsonrpc_paths,
             max_body_bytes=settings.max_body_bytes,
         )
-        self._sweeper: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,7 +134,10 @@ class WorkerApp:
 
     async def startup(self) -> None:
         """Start the claim sweep and, when routing, the private listener."""
-        self._sweeper = asyncio.create_task(self.claims.run_sweeper())
+        self._background = [
+            asyncio.create_task(self.claims.run_sweeper()),
+            asyncio.create_task(self.server.background()),
+        ]
         if self.runtime_dir is not None:
             self._listener = PrivateListener(self, self.runtime_dir.socket_path(self.worker_id))
             await self._listener.start()
@@ -144,10 +147,10 @@ class WorkerApp:
         """Stop listening privately, stop the sweep, and release this worker's sessions."""
         if self._listener is not None:
             await self._listener.stop()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in self._background:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+                await task
         if self.forwarder is not None:
             await self.forwarder.close()
         # Claims stay: requests for these sessions must get 410, not empty state,
@@ -163,6 +166,6 @@ class WorkerApp:
             await self.shutdown()
 
 
-def create_app(server: ResourcesServer, settings: Settings | None = None) -> WorkerApp:
+def create_app(server: SessionServer, settings: Settings | None = None) -> WorkerApp:
     """The ASGI app of one worker serving ``server`` with ``settings``."""
     return WorkerApp(server, settings or Settings())

@@ -22,6 +22,7 @@ from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import InvalidRequestError, SessionClosedError
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.session_ids import RESOURCES_SOURCES, SessionIdSources
+from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
 from gym_sessions.server.mcp import MCP_PATH, SESSION_TOKEN_HEADER_NAME, McpEndpoint
@@ -46,36 +47,29 @@ AGGREGATE_BODY = BodySchema({"verify_responses": Field(("array",), required=True
 
 
 def session_id(request: Request) -> str:
-    """The request's session id; reading it counts as using the session."""
+    """The request's resources session id; reading it counts as using the session."""
     return request.session[RESOURCES_SOURCES.cookie_key]
 
 
-class ResourcesServer:
-    """Base class of servers that keep state per session.
-
-    Attributes:
-        sources: Where requests name their session (cookie key, typed body key).
-        close_paths: Routes that close a session.
-    """
+class ResourcesServer(SessionServer):
+    """Base class of servers that keep state per session."""
 
     sources: ClassVar[SessionIdSources] = RESOURCES_SOURCES
     close_paths: ClassVar[tuple[str, ...]] = ("/close_session",)
     jsonrpc_paths: ClassVar[tuple[str, ...]] = (MCP_PATH,)
 
-    settings: Settings
-    claims: OwnedClaims
-    credentials: SessionCredentials
     closed: ClosedResourcesSessionRecords
 
     def bind(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
     ) -> None:
-        """Attach the worker's settings, claims and credentials (done by the app factory)."""
-        self.settings = settings
-        self.claims = claims
-        self.credentials = credentials
+        super().bind(settings, claims, credentials)
         self.closed = ClosedResourcesSessionRecords(settings.session_close_retry_window_seconds)
         claims.on_release(self.release_session)
+
+    @property
+    def start_paths(self) -> tuple[str, ...]:
+        return self.settings.checkpoint_session_starts
 
     # Hooks -------------------------------------------------------------------------------
 
@@ -89,13 +83,6 @@ class ResourcesServer:
 
     def release_session(self, session_id: str) -> None:
         """Drop the session's state. Called once per state; must tolerate unknown ids."""
-
-    def release_all(self) -> None:
-        """Drop every session's state (the worker is shutting down)."""
-
-    def metrics(self) -> dict[str, Any]:
-        """Extra fields for ``/health`` (for example, sessions held)."""
-        return {}
 
     def tools(self) -> list[Tool]:
         """The server's tools: each is an HTTP route and an MCP tool."""
@@ -117,7 +104,7 @@ class ResourcesServer:
             for path in self.settings.checkpoint_session_starts
         ]
         return [
-            Route("/health", self._health, methods=["GET"]),
+            *super().routes(),
             *starts,
             Route("/verify", self._verify_route, methods=["POST"]),
             Route("/close_session", self._close_route, methods=["POST"]),
@@ -135,9 +122,6 @@ class ResourcesServer:
             return await handler(request, arguments)
 
         return call
-
-    async def _health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "worker": self.claims.worker_id, **self.metrics()})
 
     def _start_route(self, path: str) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def start(request: Request) -> JSONResponse:

@@ -1,7 +1,7 @@
 """Turn a ``serve`` TARGET into something to serve.
 
 TARGET is a registered Gymnasium id (``CartPole-v1``) or ``module:attr`` naming
-an ``Env`` subclass, a factory returning an env, a `ResourcesServer` (class or
+an ``Env`` subclass, a factory returning an env, a `SessionServer` (class or
 instance), or an ASGI app.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import gymnasium as gym
 
 from gym_sessions.errors import StartupError
+from gym_sessions.server.base import SessionServer
 from gym_sessions.server.env_server import GymEnvServer
-from gym_sessions.server.resources import ResourcesServer
 
 __all__ = ["load_target"]
 
@@ -54,7 +54,7 @@ def _is_asgi_app(obj: Any) -> bool:
     return len(positional) == 3 and inspect.iscoroutinefunction(call)
 
 
-def load_target(target: str) -> ResourcesServer | Any:
+def load_target(target: str) -> SessionServer | Any:
     """The server (or ASGI app) that ``target`` names.
 
     Raises:
@@ -70,9 +70,9 @@ def load_target(target: str) -> ResourcesServer | Any:
         return _env_server(functools.partial(gym.make, target), target)
 
     obj = _import_attr(target)
-    if isinstance(obj, ResourcesServer):
+    if isinstance(obj, SessionServer):
         return obj
-    if inspect.isclass(obj) and issubclass(obj, ResourcesServer):
+    if inspect.isclass(obj) and issubclass(obj, SessionServer):
         return obj()
     if inspect.isclass(obj) and issubclass(obj, gym.Env):
         return _env_server(obj, target)

@@ -1,0 +1,292 @@
+"""The agent-server base: ``/run`` episodes and agent sessions.
+
+``POST /run`` plays one episode against an env server: a session start, steps
+chosen by the agent's policy until the episode ends or ``max_steps``,
+``/verify``, and ``/close_session`` in a ``finally``. An env-server failure ends
+the run with 502 naming the cause, and the env session is still closed where
+it can be.
+
+Agent sessions keep per-session state across requests (conversation, memory).
+``POST /v1/agent_sessions`` seeds it through `seed_agent_session`;
+``POST /v1/agent_sessions/close`` runs `close_agent_session` and answers a
+close receipt, kept for the window so a retried close gets the same one. The
+agent decides when its claims end (DESIGN 3.6):
+
+- a seed that creates nothing releases its claim when it returns;
+- state that cannot be registered is released with the close hook and the
+  claim with it; if that release fails, the state is kept as a failed seed for
+  the caller's close, and dropped a window later by the close hook in the
+  background (tried again a window later if the hook raises);
+- otherwise the claim lasts until the session's last record (its receipt, or a
+  failed seed) is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import aiohttp
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from gym_sessions.errors import EnvError, HTTPError, SessionClosedError, SessionConflictError
+from gym_sessions.routing.session_ids import AGENT_SOURCES, SessionIdSources
+from gym_sessions.server.base import SessionServer
+from gym_sessions.server.bodies import BodySchema, Field, read_json
+from gym_sessions.server.env_session import EnvSession
+from gym_sessions.server.policies import Policy, StopEpisode, act
+
+__all__ = ["AGENT_CLOSE_PATH", "AGENT_SEED_PATH", "AgentServer"]
+
+logger = logging.getLogger("gym_sessions.agent")
+
+AGENT_SEED_PATH = "/v1/agent_sessions"
+AGENT_CLOSE_PATH = "/v1/agent_sessions/close"
+
+RUN_BODY = BodySchema(
+    {
+        "env_url": Field(("string",), required=True, description="the env server's base URL"),
+        "seed": Field(("integer", "null")),
+        "options": Field(("object", "null")),
+        "max_steps": Field(("integer", "null")),
+        "task": Field(("object", "null")),
+    },
+    allow_extra=True,
+)
+SEED_BODY = BodySchema({"agent_session_id": Field(("string",), required=True)}, allow_extra=True)
+CLOSE_BODY = BodySchema({"agent_session_id": Field(("string",), required=True)})
+
+
+@dataclass
+class _FailedSeed:
+    state: Any
+    retry_at: float
+
+
+class AgentServer(SessionServer):
+    """Base of agent servers: subclasses choose the policy and the agent-session hooks."""
+
+    sources: ClassVar[SessionIdSources] = AGENT_SOURCES
+    close_paths: ClassVar[tuple[str, ...]] = (AGENT_CLOSE_PATH,)
+
+    def __init__(self) -> None:
+        self.agent_sessions: dict[str, Any] = {}
+        self._receipts: dict[str, tuple[dict[str, Any], float]] = {}
+        self._failed: dict[str, _FailedSeed] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self._spaces: dict[str, dict[str, Any]] = {}
+
+    @property
+    def start_paths(self) -> tuple[str, ...]:
+        return (AGENT_SEED_PATH,)
+
+    @property
+    def window(self) -> float:
+        return self.settings.session_close_retry_window_seconds
+
+    # Hooks -------------------------------------------------------------------------------
+
+    def make_policy(self, body: dict[str, Any], spaces: dict[str, Any]) -> Policy:
+        """The policy for one ``/run`` (``spaces`` is the env server's ``/spaces``)."""
+        raise NotImplementedError
+
+    def start_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The env session start's body for one ``/run`` (seed and options by default)."""
+        return {"seed": body.get("seed"), "options": body.get("options")}
+
+    async def seed_agent_session(self, session_id: str, body: dict[str, Any]) -> Any:
+        """Create an agent session's state; ``None`` means the seed creates nothing."""
+        return None
+
+    def register_agent_session(self, session_id: str, state: Any) -> None:
+        """Register seeded state (may refuse by raising)."""
+        self.agent_sessions[session_id] = state
+
+    async def close_agent_session(self, session_id: str, state: Any) -> dict[str, Any]:
+        """Release an agent session's state; returns extra receipt fields."""
+        return {}
+
+    def extra_routes(self) -> list[BaseRoute]:
+        """Routes a subclass adds (they may use `agent_state`)."""
+        return []
+
+    def agent_state(self, request: Request) -> Any:
+        """The state of the request's agent session, or ``None``."""
+        return self.agent_sessions.get(self.session_id(request))
+
+    # Routes ------------------------------------------------------------------------------
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            *super().routes(),
+            Route("/run", self._run_route, methods=["POST"]),
+            Route(AGENT_SEED_PATH, self._seed_route, methods=["POST"]),
+            Route(AGENT_CLOSE_PATH, self._close_route, methods=["POST"]),
+            *self.extra_routes(),
+        ]
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "agent_sessions": len(self.agent_sessions),
+            "receipts": len(self._receipts),
+            "failed_seeds": len(self._failed),
+        }
+
+    async def _run_route(self, request: Request) -> JSONResponse:
+        body = RUN_BODY.validate(await read_json(request))
+        return JSONResponse(await self.run_episode(body))
+
+    async def run_episode(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Play one episode against ``body["env_url"]``; see the module docstring."""
+        env = EnvSession(self.http_client(), body["env_url"])
+        spaces = self._spaces.get(env.url) or await env.spaces()
+        self._spaces[env.url] = spaces
+        policy = self.make_policy(body, spaces)
+        max_steps = body.get("max_steps")
+        episode_return, length = 0.0, 0
+        try:
+            reply = await env.start(self.start_body(body))
+            observation, info = reply["observation"], reply["info"]
+            done = False
+            while not done and (max_steps is None or length < max_steps):
+                try:
+                    action = await act(policy, observation, info)
+                except StopEpisode:
+                    break
+                step = await env.step(action)
+                observation, info = step["observation"], step["info"]
+                episode_return += step["reward"]
+                length += 1
+                done = step["terminated"] or step["truncated"]
+            verified = await env.verify()
+        finally:
+            if env.started:
+                with contextlib.suppress(HTTPError):
+                    await env.close()
+        return {
+            "reward": verified["reward"],
+            "episode_return": episode_return,
+            "episode_length": length,
+            "env_session_id": env.session_id,
+            "verify": verified,
+        }
+
+    async def _seed_route(self, request: Request) -> JSONResponse:
+        body = SEED_BODY.validate(await read_json(request))
+        sid = self.session_id(request)
+        if sid in self._receipts:
+            raise SessionClosedError(f"agent session {sid!r} was closed")
+        if sid in self.agent_sessions:
+            return JSONResponse({"agent_session_id": sid, "created": False})
+        if sid in self._failed:
+            raise SessionConflictError(f"agent session {sid!r} has a failed seed: close it first")
+        try:
+            state = await self.seed_agent_session(sid, body)
+        except HTTPError:
+            self.claims.release_now(sid)
+            raise
+        except Exception as exc:
+            self.claims.release_now(sid)
+            raise EnvError(f"seeding agent session {sid!r} failed: {exc}") from exc
+        if state is None:
+            self.claims.release_now(sid)  # nothing to route to
+            return JSONResponse({"agent_session_id": sid, "created": False})
+        try:
+            self.register_agent_session(sid, state)
+        except Exception as exc:
+            await self._roll_back(sid, state)
+            raise EnvError(f"agent session {sid!r} could not be registered: {exc}") from exc
+        self.claims.mark_open(sid)
+        return JSONResponse({"agent_session_id": sid, "created": True})
+
+    async def _roll_back(self, sid: str, state: Any) -> None:
+        try:
+            await self.close_agent_session(sid, state)
+        except Exception:
+            logger.warning("rolling back agent session %r failed; kept for its close", sid)
+            self._failed[sid] = _FailedSeed(state, time.monotonic() + self.window)
+            self.claims.mark_open(sid)  # the caller's close must reach this worker
+        else:
+            self.claims.release_now(sid)
+
+    async def _close_route(self, request: Request) -> JSONResponse:
+        CLOSE_BODY.validate(await read_json(request))
+        sid = self.session_id(request)
+        receipt = self._receipts.get(sid)
+        if receipt is None:
+            receipt = await self._close(sid)
+        return JSONResponse(receipt[0])
+
+    async def _close(self, sid: str) -> tuple[dict[str, Any], float]:
+        state = self.agent_sessions.pop(sid, None)
+        failed = self._failed.pop(sid, None)
+        if failed is not None:
+            state = failed.state
+        outcome, extra = "not_found", {}
+        if state is not None:
+            try:
+                extra = await self.close_agent_session(sid, state)
+                outcome = "closed"
+            except Exception as exc:
+                logger.warning("closing agent session %r failed: %s", sid, exc)
+                outcome = "release_failed"
+        receipt = ({"agent_session_id": sid, "outcome": outcome, **extra}, time.monotonic())
+        self._receipts[sid] = receipt
+        self.claims.mark_open(sid)  # held by the receipt until the background drops it
+        return receipt
+
+    # Background: drop receipts after the window, retry failed seeds -----------------------
+
+    async def background(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(min(1.0, max(0.02, self.window / 10)))
+                await self._expire_records()
+        finally:
+            if self._http is not None:
+                await self._http.close()
+
+    async def _expire_records(self) -> None:
+        now = time.monotonic()
+        for sid, (_, written_at) in list(self._receipts.items()):
+            if written_at + self.window <= now:
+                del self._receipts[sid]
+                self._release_if_unused(sid)
+        for sid, failed in list(self._failed.items()):
+            if failed.retry_at <= now:
+                await self._drop_failed_seed(sid, failed)
+
+    async def _drop_failed_seed(self, sid: str, failed: _FailedSeed) -> None:
+        try:
+            await self.close_agent_session(sid, failed.state)
+        except Exception:
+            failed.retry_at = time.monotonic() + self.window
+            logger.warning("dropping failed agent seed %r failed; retrying later", sid)
+            return
+        if self._failed.get(sid) is failed:
+            del self._failed[sid]
+            self._release_if_unused(sid)
+
+    def _release_if_unused(self, sid: str) -> None:
+        if sid not in self.agent_sessions and sid not in self._receipts and sid not in self._failed:
+            self.claims.release_now(sid)
+
+    def http_client(self) -> aiohttp.ClientSession:
+        """The agent's shared aiohttp pool (for env servers and model servers)."""
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=300),
+            )
+        return self._http
+
+    def release_all(self) -> None:
+        self.agent_sessions.clear()
+        self._failed.clear()

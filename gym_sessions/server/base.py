@@ -1,0 +1,74 @@
+"""`SessionServer`: what the app factory needs from any server that keeps sessions.
+
+Resources (and env) servers and agent servers differ in where requests name
+their session and in how long a session lives, not in how they are served:
+both get the worker's settings, claims and credentials through `bind`, answer
+``/health``, and hand their routes to the app factory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from gym_sessions.credentials import SessionCredentials
+from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.session_ids import SessionIdSources
+from gym_sessions.settings import Settings
+
+__all__ = ["SessionServer"]
+
+
+class SessionServer:
+    """Base of every server the app factory serves.
+
+    Attributes:
+        sources: Where requests name their session.
+        close_paths: Routes that close a session (claimed before their handler).
+        jsonrpc_paths: Routes whose errors are JSON-RPC error objects.
+    """
+
+    sources: ClassVar[SessionIdSources]
+    close_paths: ClassVar[tuple[str, ...]] = ()
+    jsonrpc_paths: ClassVar[tuple[str, ...]] = ()
+
+    settings: Settings
+    claims: OwnedClaims
+    credentials: SessionCredentials
+
+    def bind(
+        self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
+    ) -> None:
+        """Attach the worker's settings, claims and credentials (done by the app factory)."""
+        self.settings = settings
+        self.claims = claims
+        self.credentials = credentials
+
+    @property
+    def start_paths(self) -> tuple[str, ...]:
+        """Routes that start a session (claimed before their handler)."""
+        return ()
+
+    def session_id(self, request: Request) -> str:
+        """The request's session id; reading it counts as using the session."""
+        return request.session[self.sources.cookie_key]
+
+    def routes(self) -> list[BaseRoute]:
+        """Every route of the server, without the rollout prefix."""
+        return [Route("/health", self._health, methods=["GET"])]
+
+    def metrics(self) -> dict[str, Any]:
+        """Extra fields for ``/health`` (for example, sessions held)."""
+        return {}
+
+    async def background(self) -> None:
+        """Work the server runs in the background while it serves (none by default)."""
+
+    def release_all(self) -> None:
+        """Drop every session's state (the worker is shutting down)."""
+
+    async def _health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "worker": self.claims.worker_id, **self.metrics()})

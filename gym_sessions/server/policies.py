@@ -1,0 +1,123 @@
+"""Policies an agent server plays episodes with.
+
+A policy is any object with ``act(observation, info) -> action``, sync or
+async. `ScriptedPolicy` replays a list of actions (tests, examples, the counter
+task); `ChatCompletionsPolicy` asks an OpenAI-compatible chat-completions server
+for a tool call whose arguments are the action.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import aiohttp
+
+from gym_sessions.errors import BadGatewayError
+
+__all__ = ["ChatCompletionsPolicy", "Policy", "ScriptedPolicy", "StopEpisode", "act"]
+
+
+class StopEpisode(Exception):
+    """Raised by a policy that has no more actions: the episode is verified as it stands."""
+
+
+class Policy(Protocol):
+    """Chooses an action from an observation (``act`` may be a coroutine function)."""
+
+    def act(self, observation: Any, info: dict[str, Any]) -> Any: ...
+
+
+async def act(policy: Policy, observation: Any, info: dict[str, Any]) -> Any:
+    """The policy's action, awaiting it when ``act`` is async."""
+    action = policy.act(observation, info)
+    if inspect.isawaitable(action):
+        action = await action
+    return action
+
+
+class ScriptedPolicy:
+    """Plays the given actions in order, then stops the episode."""
+
+    def __init__(self, actions: Iterable[Any]) -> None:
+        self._actions = iter(actions)
+
+    def act(self, observation: Any, info: dict[str, Any]) -> Any:
+        try:
+            return next(self._actions)
+        except StopIteration:
+            raise StopEpisode from None
+
+
+class ChatCompletionsPolicy:
+    """Asks an OpenAI-compatible ``/v1/chat/completions`` server for the next action.
+
+    The model sees the task and the latest observation, and must answer with a
+    call of the ``step`` tool whose ``action`` argument follows the env's action
+    schema (the same schema ``/mcp`` lists). The conversation grows with each
+    step, as a chat agent's does.
+
+    Args:
+        client: The aiohttp session to reach the model server with.
+        base_url: The model server, e.g. ``http://127.0.0.1:8001`` (``/v1/...`` appended).
+        model: The model name to ask for.
+        action_schema: JSON Schema of an action.
+        task: Text telling the model what to do.
+    """
+
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        action_schema: dict[str, Any],
+        task: str,
+    ) -> None:
+        self._client = client
+        self._url = base_url.rstrip("/") + "/v1/chat/completions"
+        self._model = model
+        self._tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "step",
+                    "description": "Take one action in the environment.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"action": action_schema},
+                        "required": ["action"],
+                    },
+                },
+            }
+        ]
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": task}]
+
+    async def act(self, observation: Any, info: dict[str, Any]) -> Any:
+        self.messages.append(
+            {"role": "user", "content": json.dumps({"observation": observation, "info": info})}
+        )
+        body = {
+            "model": self._model,
+            "messages": self.messages,
+            "tools": self._tools,
+            "tool_choice": {"type": "function", "function": {"name": "step"}},
+        }
+        try:
+            async with self._client.post(self._url, json=body) as reply:
+                if reply.status != 200:
+                    text = (await reply.text())[:300]
+                    raise BadGatewayError(f"model server replied {reply.status}: {text}")
+                data = await reply.json()
+        except aiohttp.ClientError as exc:
+            raise BadGatewayError(f"model server at {self._url} failed: {exc}") from exc
+        try:
+            message = data["choices"][0]["message"]
+            call = message["tool_calls"][0]["function"]
+            arguments = json.loads(call["arguments"])
+            action = arguments["action"]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BadGatewayError(f"model reply has no step tool call: {exc!r}") from exc
+        self.messages.append(message)
+        return action
