@@ -4,7 +4,13 @@ A client that keeps one connection per session keeps talking to the worker
 that accepted that connection, which is the worker that claimed the session,
 so its requests never need a hop. Error replies become the exceptions of
 `gym_sessions.errors`; a refused connection becomes `ServerUnreachableError`
-naming the URL.
+naming the URL. A reply lost to a broken connection or a timeout is retried
+(``retries`` times) only for requests marked resendable
+(`gym_sessions.client.protocol.Request`); otherwise it raises
+`ConnectionLostError` or `RequestTimeoutError`.
+
+`HTTPClientBase` holds what the blocking `HTTPClient` and the asyncio
+`AsyncHTTPClient` share: the URL, the cookie, request headers and reply decoding.
 """
 
 from __future__ import annotations
@@ -12,29 +18,26 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from gym_sessions.client.protocol import ConnectionLostError, Reply, Request, RequestTimeoutError
 from gym_sessions.errors import ServerUnreachableError, error_from_body
 
-__all__ = ["HTTPClient"]
-
-# A kept-alive connection the server closed while idle fails on first use like this.
-_STALE_CONNECTION_ERRORS = (
-    http.client.RemoteDisconnected,
-    ConnectionResetError,
-    BrokenPipeError,
-)
+__all__ = ["HTTPClient", "HTTPClientBase"]
 
 
-class HTTPClient:
-    """JSON requests to one server over one connection, carrying the session cookie.
+class HTTPClientBase:
+    """URL, session cookie, headers and reply decoding shared by both HTTP clients.
 
     Args:
         url: Server base URL, ``http://host:port`` (a path prefix is kept).
         timeout: Seconds to wait for connect and for each reply.
         keep_alive: Reuse one connection (the default). ``False`` opens a new
             connection per request, as pooled clients and load balancers do.
+        retries: How many times a resendable request is sent again after its
+            reply was lost (a broken connection or a timeout).
         cookie_name: The server's session cookie name.
     """
 
@@ -44,6 +47,7 @@ class HTTPClient:
         *,
         timeout: float = 60.0,
         keep_alive: bool = True,
+        retries: int = 1,
         cookie_name: str = "gym_session",
     ) -> None:
         parts = urlsplit(url)
@@ -55,80 +59,117 @@ class HTTPClient:
         self._prefix = parts.path.rstrip("/")
         self.timeout = timeout
         self.keep_alive = keep_alive
+        self.retries = retries
         self.cookie_name = cookie_name
         self.cookie: str | None = None
-        self._connection: http.client.HTTPConnection | None = None
+
+    def _headers(self, request: Request) -> tuple[bytes, dict[str, str]]:
+        """The body and headers to send for ``request``."""
+        headers = {"Accept": "application/json"}
+        payload = b""
+        if request.body is not None:
+            payload = json.dumps(request.body, allow_nan=False).encode()
+            headers["Content-Type"] = "application/json"
+        if self.cookie:
+            headers["Cookie"] = f"{self.cookie_name}={self.cookie}"
+        if not self.keep_alive:
+            headers["Connection"] = "close"
+        headers.update(request.headers)
+        return payload, headers
+
+    def _may_resend(self, request: Request, attempt: int) -> bool:
+        return request.resendable and attempt < self.retries
+
+    def _reply(self, status: int, headers: Iterable[tuple[str, str]], body: bytes) -> Reply:
+        """Remember the session cookie; raise the error an error reply stands for."""
+        lowered: dict[str, str] = {}
+        for name, value in headers:
+            name = name.lower()
+            lowered[name] = value
+            if name == "set-cookie":
+                key, _, rest = value.split(";", 1)[0].partition("=")
+                if key.strip() == self.cookie_name:
+                    self.cookie = rest.strip() or None
+        if status >= 400:
+            raise error_from_body(status, body)
+        return Reply(status, lowered, body)
+
+
+class HTTPClient(HTTPClientBase):
+    """Blocking requests to one server over one connection, carrying the session cookie."""
+
+    _connection: http.client.HTTPConnection | None = None
 
     def request(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        *,
+        resendable: bool | None = None,
     ) -> Any:
         """Send a JSON request; returns the parsed JSON reply.
+
+        Args:
+            resendable: Whether a lost reply may be retried; by default only for ``GET``.
 
         Raises:
             ServerUnreachableError: the server cannot be reached.
             HTTPError: the server replied with an error (the matching subclass).
+            ConnectionLostError: the reply was lost and the request is not resendable.
+            RequestTimeoutError: no reply in time.
         """
-        payload = b"" if body is None else json.dumps(body, allow_nan=False).encode()
-        send_headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.cookie:
-            send_headers["Cookie"] = f"{self.cookie_name}={self.cookie}"
-        if not self.keep_alive:
-            send_headers["Connection"] = "close"
-        send_headers.update(headers or {})
-        status, reply_headers, data = self._exchange(
-            method, self._prefix + path, payload, send_headers
-        )
-        self._remember_cookie(reply_headers)
-        if status >= 400:
-            raise error_from_body(status, data)
-        return json.loads(data) if data else None
+        resend = method == "GET" if resendable is None else resendable
+        return self.send(Request(method, path, body, headers or {}, resend)).json()
+
+    def send(self, request: Request) -> Reply:
+        """Send ``request``; returns its reply (errors as for `request`)."""
+        payload, headers = self._headers(request)
+        path = self._prefix + request.path
+        attempt = 0
+        while True:
+            try:
+                status, reply_headers, data = self._exchange(request.method, path, payload, headers)
+            except ServerUnreachableError:
+                raise
+            except TimeoutError as exc:
+                if not self._may_resend(request, attempt):
+                    raise RequestTimeoutError(self.url, request.describe(), self.timeout) from exc
+            except (http.client.HTTPException, OSError) as exc:
+                if not self._may_resend(request, attempt):
+                    reason = str(exc) or type(exc).__name__
+                    raise ConnectionLostError(self.url, request.describe(), reason) from exc
+            else:
+                return self._reply(status, reply_headers, data)
+            attempt += 1
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._connection is None:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+            try:
+                connection.connect()
+                connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as exc:
+                connection.close()
+                raise ServerUnreachableError(self.url, exc.strerror or str(exc)) from exc
+            self._connection = connection
+        return self._connection
 
     def _exchange(
         self, method: str, path: str, payload: bytes, headers: dict[str, str]
     ) -> tuple[int, list[tuple[str, str]], bytes]:
-        reused = self._connection is not None
-        try:
-            return self._send(method, path, payload, headers)
-        except _STALE_CONNECTION_ERRORS:
-            self.close()
-            if not reused:
-                raise
-            # The server dropped an idle kept-alive connection before reading
-            # this request: nothing ran, so sending it again is safe.
-            return self._send(method, path, payload, headers)
-
-    def _send(
-        self, method: str, path: str, payload: bytes, headers: dict[str, str]
-    ) -> tuple[int, list[tuple[str, str]], bytes]:
-        if self._connection is None:
-            self._connection = http.client.HTTPConnection(
-                self._host, self._port, timeout=self.timeout
-            )
-            try:
-                self._connection.connect()
-                self._connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError as exc:
-                self._connection = None
-                raise ServerUnreachableError(self.url, exc.strerror or str(exc)) from exc
-        connection = self._connection
+        connection = self._connect()
         try:
             connection.request(method, path, body=payload, headers=headers)
             response = connection.getresponse()
             data = response.read()
         except BaseException:
-            self.close()
+            self.close()  # a half-used connection cannot carry another request
             raise
         if not self.keep_alive or response.will_close:
             self.close()
         return response.status, response.getheaders(), data
-
-    def _remember_cookie(self, headers: list[tuple[str, str]]) -> None:
-        for name, value in headers:
-            if name.lower() == "set-cookie":
-                pair = value.split(";", 1)[0]
-                key, _, cookie = pair.partition("=")
-                if key.strip() == self.cookie_name:
-                    self.cookie = cookie.strip() or None
 
     def close(self) -> None:
         """Close the connection (a later request opens a new one)."""

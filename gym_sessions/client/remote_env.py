@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import gymnasium as gym
 
 from gym_sessions.client.http import HTTPClient
-from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
+from gym_sessions.client.protocol import (
+    SPACES_REQUEST,
+    WIRE_RENDER_MODES,
+    ConnectionLostError,
+    EnvDescription,
+    RemoteEnvProtocol,
+)
+from gym_sessions.errors import NoOpenEpisodeError
 
 __all__ = ["RemoteEnv"]
 
@@ -18,7 +24,8 @@ class RemoteEnv(gym.Env):
 
     Each instance is one session on the server, named by an id the client picks,
     so a retried reset can never create a second session. ``reset(seed=...)``
-    seeds the server's env and this object's ``np_random``.
+    seeds the server's env and this object's ``np_random``. After the first
+    reset, `worker` names the server worker that holds the session.
 
     Example:
         >>> import gymnasium, gym_sessions
@@ -29,10 +36,19 @@ class RemoteEnv(gym.Env):
 
     Args:
         url: The server's base URL.
-        render_mode: Must be ``None`` for now.
+        render_mode: One of the served env's render modes that travel over HTTP
+            (``rgb_array``, ``depth_array``, ``ansi``); the server makes the
+            session's env with it. ``gymnasium.make(..., render_mode="human")``
+            shows ``rgb_array`` frames in a local window.
         timeout: Seconds to wait for each reply.
         keep_alive: Keep one connection for the session (no routing hop needed).
+        retries: Resends of a request that is safe to resend after a lost reply
+            (see `gym_sessions.client.protocol`); a step is never resent blindly.
     """
+
+    # What gymnasium.make checks a requested render_mode against before the
+    # instance exists; the instance narrows it to what the served env offers.
+    metadata: dict[str, Any] = {"render_modes": list(WIRE_RENDER_MODES)}
 
     def __init__(
         self,
@@ -40,43 +56,56 @@ class RemoteEnv(gym.Env):
         render_mode: str | None = None,
         timeout: float = 60.0,
         keep_alive: bool = True,
+        retries: int = 1,
     ) -> None:
         self.url = url
-        self._http = HTTPClient(url, timeout=timeout, keep_alive=keep_alive)
-        described = self._http.request("GET", "/spaces")
-        self.observation_space = space_from_json(described["observation_space"])
-        self.action_space = space_from_json(described["action_space"])
-        self.metadata = {**described.get("metadata", {}), "render_modes": []}
-        if render_mode is not None:
-            raise ValueError(f"render_mode {render_mode!r} is not supported by RemoteEnv yet")
+        self._http = HTTPClient(url, timeout=timeout, keep_alive=keep_alive, retries=retries)
+        try:
+            description = EnvDescription.from_json(self._http.send(SPACES_REQUEST).json())
+            self._protocol = RemoteEnvProtocol(description, render_mode)
+        except BaseException:
+            self._http.close()
+            raise
+        self.observation_space = description.observation_space
+        self.action_space = description.action_space
+        self.metadata = description.metadata
         self.render_mode = render_mode
-        self.session_id = uuid.uuid4().hex
-        self._started = False
+        self.session_id = self._protocol.session_id
+        #: The worker holding this session (from ``GET /health`` after the first reset).
+        self.worker: str | None = None
         self._closed = False
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
-        reply = self._http.request(
-            "POST",
-            "/reset",
-            {"resources_session_id": self.session_id, "seed": seed, "options": options},
-        )
-        self._started = True
-        return value_from_json(self.observation_space, reply["observation"]), reply["info"]
+        reply = self._http.send(self._protocol.reset_request(seed, options))
+        observation, info = self._protocol.reset_reply(reply)
+        if self.worker is None:
+            self.worker = self._http.send(self._protocol.health_request()).json()["worker"]
+        return observation, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        reply = self._http.request(
-            "POST", "/step", {"action": value_to_json(self.action_space, action)}
-        )
-        return (
-            value_from_json(self.observation_space, reply["observation"]),
-            reply["reward"],
-            reply["terminated"],
-            reply["truncated"],
-            reply["info"],
-        )
+        request = self._protocol.step_request(action)
+        try:
+            reply = self._http.send(request)
+        except ConnectionLostError as lost:
+            self._check_step_not_run(lost)
+            reply = self._http.send(request)
+        return self._protocol.step_reply(reply)
+
+    def _check_step_not_run(self, lost: ConnectionLostError) -> None:
+        try:
+            observed = self._http.send(self._protocol.observe_request())
+        except NoOpenEpisodeError as exc:
+            raise self._protocol.step_ran(lost) from exc
+        self._protocol.step_not_run(observed, lost)
+
+    def render(self) -> Any:
+        """The served env's frame in this env's `render_mode` (``None`` without one)."""
+        if self.render_mode is None:
+            return None
+        return self._protocol.render_reply(self._http.send(self._protocol.render_request()))
 
     def verify(self, *, close_follows: bool = True, **body: Any) -> dict[str, Any]:
         """Score the episode on the server (``/verify``).
@@ -86,8 +115,7 @@ class RemoteEnv(gym.Env):
                 ``False`` lets the server end the session now.
             body: Extra fields for the server's verifier.
         """
-        headers = {"x-gym-close-follows": "1"} if close_follows else {}
-        return self._http.request("POST", "/verify", body, headers=headers)
+        return self._http.send(self._protocol.verify_request(close_follows, body)).json()
 
     def close(self) -> None:
         """Close the session on the server (once) and the connection."""
@@ -95,9 +123,7 @@ class RemoteEnv(gym.Env):
             return
         self._closed = True
         try:
-            if self._started:
-                self._http.request(
-                    "POST", "/close_session", {"resources_session_id": self.session_id}
-                )
+            if self._protocol.started:
+                self._http.send(self._protocol.close_request())
         finally:
             self._http.close()

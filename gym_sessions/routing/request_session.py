@@ -105,6 +105,8 @@ class RequestSession:
         source: Which source named it.
         claims_first: The request is claimed before its handler runs (a session
             start, or a close naming an id).
+        claims_on_use: A handler that uses the session claims it (see
+            `SessionIdSources.claims_on_use`).
         cookie: The request's verified cookie data, or ``None``.
         json_body: The parsed JSON body when the router had to parse it.
         data: ``request.session``, set by the session cookie middleware.
@@ -113,6 +115,7 @@ class RequestSession:
     session_id: str
     source: IdSource
     claims_first: bool
+    claims_on_use: bool
     cookie: dict[str, Any] | None = None
     json_body: Any = _NO_BODY
     data: SessionData | None = field(default=None, repr=False)

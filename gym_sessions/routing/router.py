@@ -179,7 +179,7 @@ class SessionRouter:
         claims_first = scope["method"] == "POST" and (
             path in self.start_paths or (path in self.close_paths and source is not IdSource.MINTED)
         )
-        routed = RequestSession(sid, source, claims_first, cookie)
+        routed = RequestSession(sid, source, claims_first, self.sources.claims_on_use, cookie)
         if typed and json_body is not None:
             routed.json_body = json_body
         return routed
@@ -213,7 +213,12 @@ class SessionRouter:
             nonlocal held, refused
             if refused:
                 return
-            if message["type"] == "http.response.start" and not held and routed.used:
+            if (
+                message["type"] == "http.response.start"
+                and not held
+                and routed.claims_on_use
+                and routed.used
+            ):
                 client_names_id = routed.source is not IdSource.MINTED
                 if client_names_id or message["status"] < 400:
                     if claims.claim(sid) is None:

@@ -48,7 +48,7 @@ class SessionCookieMiddleware:
         async def send_with_cookie(message: Message) -> None:
             if message["type"] == "http.response.start":
                 ok = message["status"] < 400
-                announce = routed.claims_first or (data.accessed and ok)
+                announce = routed.claims_first or (routed.claims_on_use and data.accessed and ok)
                 if data.modified or (announce and not already_named):
                     headers = MutableHeaders(scope=message)
                     headers.append(

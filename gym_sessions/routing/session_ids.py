@@ -50,12 +50,16 @@ class SessionIdSources:
         body_key: Key of the id in a typed request body.
         typed_paths: Paths (rollout prefix removed) whose JSON body may carry the id.
         accepts_token: Whether the MCP session token names a session here.
+        claims_on_use: Whether any request whose handler uses the session claims
+            it (resources servers may create sessions on a tool call); agent
+            sessions are created only by their seed.
     """
 
     cookie_key: str
     body_key: str
     typed_paths: frozenset[str]
     accepts_token: bool
+    claims_on_use: bool
 
 
 RESOURCES_SOURCES = SessionIdSources(
@@ -63,12 +67,14 @@ RESOURCES_SOURCES = SessionIdSources(
     body_key="resources_session_id",
     typed_paths=frozenset({"/seed_session", "/reset", "/close_session"}),
     accepts_token=True,
+    claims_on_use=True,
 )
 AGENT_SOURCES = SessionIdSources(
     cookie_key="agent_session_id",
     body_key="agent_session_id",
     typed_paths=frozenset({"/v1/agent_sessions", "/v1/agent_sessions/close"}),
     accepts_token=False,
+    claims_on_use=False,
 )
 
 

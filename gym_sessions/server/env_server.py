@@ -1,9 +1,12 @@
 """The Gymnasium adapter: one env instance per session behind the resources-server routes.
 
 ``/reset`` and ``/seed_session`` start a session (a reset of an open session
-starts a new episode on the same instance), ``/step`` is the tool call,
-``/verify`` scores the episode (the env's own ``verify()`` when it has one, else
-the episode return) and ``/close_session`` calls ``env.close()`` once.
+starts a new episode on the same instance; a start body's ``render_mode``
+makes the session's env with that mode), ``/step`` is the tool call,
+``/render`` replies the session's frame as raw bytes
+(`gym_sessions.client.frames`), ``/verify`` scores the episode (the env's own
+``verify()`` when it has one, else the episode return) and ``/close_session``
+calls ``env.close()`` once.
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gym_sessions.errors import EnvError, InvalidRequestError, NoOpenEpisodeError
-from gym_sessions.server.bodies import BodySchema, Field
+from gym_sessions.client.frames import encode_frame
+from gym_sessions.errors import (
+    EnvError,
+    InvalidRequestError,
+    NoOpenEpisodeError,
+    SessionClosedError,
+)
+from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.resources import ResourcesServer, session_id
 from gym_sessions.server.tools import Tool
 from gym_sessions.spaces import (
@@ -35,11 +44,13 @@ __all__ = ["GymEnvServer", "to_jsonable"]
 
 EnvFactory = Callable[..., gym.Env]
 _MAX_SEED = 2**64
+_RENDER_BODY = BodySchema()
 
 
 @dataclass
 class _EnvSession:
     env: gym.Env
+    render_mode: str | None = None
     episode_open: bool = False
     episode_return: float = 0.0
     episode_length: int = 0
@@ -74,8 +85,9 @@ class GymEnvServer(ResourcesServer):
     """Serves a Gymnasium environment, one instance per session.
 
     Args:
-        env_factory: Called with no arguments once per session (an ``Env``
-            subclass, a factory, or ``functools.partial(gymnasium.make, id)``).
+        env_factory: Called once per session (an ``Env`` subclass, a factory, or
+            ``functools.partial(gymnasium.make, id)``): with no arguments, or
+            with ``render_mode=`` when the session start asks for one.
         name: Shown by ``/spaces`` when the env has no spec.
     """
 
@@ -86,6 +98,7 @@ class GymEnvServer(ResourcesServer):
         if not isinstance(probe, gym.Env):
             raise TypeError(f"the factory returned {type(probe).__name__}, not a gymnasium.Env")
         try:
+            self.render_modes = list(probe.metadata.get("render_modes") or [])
             self.observation_space = probe.observation_space
             self.action_space = probe.action_space
             self._spaces_reply = {
@@ -111,7 +124,10 @@ class GymEnvServer(ResourcesServer):
         return {"sessions": len(self._sessions)}
 
     def extra_routes(self) -> list[BaseRoute]:
-        return [Route("/spaces", self._spaces_route, methods=["GET"])]
+        return [
+            Route("/spaces", self._spaces_route, methods=["GET"]),
+            Route("/render", self._render_route, methods=["POST"]),
+        ]
 
     def tools(self) -> list[Tool]:
         return [
@@ -133,14 +149,47 @@ class GymEnvServer(ResourcesServer):
     async def _spaces_route(self, request: Request) -> JSONResponse:
         return JSONResponse(self._spaces_reply)
 
+    async def _render_route(self, request: Request) -> Response:
+        _RENDER_BODY.validate(await read_json(request))
+        sid = session_id(request)
+        if sid in self.closed:
+            raise SessionClosedError(f"session {sid!r} is closed")
+        state = self._sessions.get(sid)
+        if state is None:
+            raise NoOpenEpisodeError("this session has no environment to render: call /reset")
+        frame = _call_env("render", state.env.render)
+        try:
+            encoded = encode_frame(frame)
+        except TypeError as exc:
+            raise EnvError(f"env.render returned a frame that cannot be sent: {exc}") from exc
+        return Response(
+            encoded.body, encoded.status, encoded.headers, media_type=encoded.media_type
+        )
+
+    def _new_env(self, render_mode: Any) -> gym.Env:
+        if render_mode is None:
+            return _call_env("__init__", self.env_factory)
+        if not isinstance(render_mode, str) or render_mode not in self.render_modes:
+            raise InvalidRequestError(
+                f"render_mode must be one of the env's render modes {self.render_modes}, "
+                f"not {render_mode!r}"
+            )
+        return _call_env("__init__", self.env_factory, render_mode=render_mode)
+
     async def start_session(self, session_id: str, body: dict[str, Any], path: str) -> dict:
         seed, options = body.get("seed"), body.get("options")
         if seed is not None and not 0 <= seed < _MAX_SEED:
             raise InvalidRequestError("seed must be an integer in [0, 2**64)")
+        render_mode = body.get("render_mode")
         state = self._sessions.get(session_id)
         if state is None:
-            state = _EnvSession(_call_env("__init__", self.env_factory))
+            state = _EnvSession(self._new_env(render_mode), render_mode)
             self._sessions[session_id] = state
+        elif render_mode is not None and render_mode != state.render_mode:
+            # The env instance outlives the episode; its render mode is fixed.
+            raise InvalidRequestError(
+                f"this session's env renders in mode {state.render_mode!r}, not {render_mode!r}"
+            )
         state.episode_open = False
         observation, info = _call_env("reset", state.env.reset, seed=seed, options=options)
         state.episode_open = True

@@ -93,11 +93,16 @@ class ChatCompletionsPolicy:
             }
         ]
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": task}]
+        self._last_call_id: str | None = None
 
     async def act(self, observation: Any, info: dict[str, Any]) -> Any:
-        self.messages.append(
-            {"role": "user", "content": json.dumps({"observation": observation, "info": info})}
-        )
+        seen = json.dumps({"observation": observation, "info": info})
+        if self._last_call_id is None:
+            self.messages.append({"role": "user", "content": seen})
+        else:  # the observation is the result of the previous step call
+            self.messages.append(
+                {"role": "tool", "tool_call_id": self._last_call_id, "content": seen}
+            )
         body = {
             "model": self._model,
             "messages": self.messages,
@@ -114,10 +119,10 @@ class ChatCompletionsPolicy:
             raise BadGatewayError(f"model server at {self._url} failed: {exc}") from exc
         try:
             message = data["choices"][0]["message"]
-            call = message["tool_calls"][0]["function"]
-            arguments = json.loads(call["arguments"])
-            action = arguments["action"]
+            call = message["tool_calls"][0]
+            action = json.loads(call["function"]["arguments"])["action"]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise BadGatewayError(f"model reply has no step tool call: {exc!r}") from exc
         self.messages.append(message)
+        self._last_call_id = call.get("id", "call")
         return action

@@ -1,0 +1,178 @@
+"""`AsyncRemoteEnv`: the `RemoteEnv` API with ``await``, many sessions per event loop."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.utils import seeding
+
+from gym_sessions.client.async_http import AsyncHTTPClient
+from gym_sessions.client.protocol import (
+    SPACES_REQUEST,
+    ConnectionLostError,
+    EnvDescription,
+    RemoteEnvProtocol,
+)
+from gym_sessions.errors import NoOpenEpisodeError
+
+__all__ = ["AsyncRemoteEnv"]
+
+
+class AsyncRemoteEnv:
+    """One session on a gym-sessions server, driven with ``await``.
+
+    The same requests, replies, errors and retry rules as `RemoteEnv` (both are
+    shells around `RemoteEnvProtocol`), over aiohttp with one kept-alive
+    connection, so any number of envs share one event loop, one session each.
+    Open it with ``async with`` or `create` (both read the spaces from
+    ``GET /spaces``); leaving the ``async with`` block closes the session.
+
+    Example:
+        >>> async with AsyncRemoteEnv("http://127.0.0.1:8000") as env:
+        ...     obs, info = await env.reset(seed=0)
+        ...     obs, reward, terminated, truncated, info = await env.step(1)
+        >>> env = await AsyncRemoteEnv.create("http://127.0.0.1:8000")
+        >>> await env.close()
+
+    Args:
+        url: The server's base URL.
+        render_mode: As for `RemoteEnv`.
+        timeout: Seconds to wait for each reply.
+        keep_alive: Keep one connection for the session.
+        retries: Resends of a request that is safe to resend after a lost reply.
+        description: The served env, when already known (a vector env reads
+            ``/spaces`` once for all its sessions); read on `open` otherwise.
+    """
+
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
+    metadata: dict[str, Any]
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8000",
+        render_mode: str | None = None,
+        timeout: float = 60.0,
+        keep_alive: bool = True,
+        retries: int = 1,
+        *,
+        description: EnvDescription | None = None,
+    ) -> None:
+        self.url = url
+        self.render_mode = render_mode
+        self._http = AsyncHTTPClient(url, timeout=timeout, keep_alive=keep_alive, retries=retries)
+        self._protocol: RemoteEnvProtocol | None = None
+        self._description = description
+        self._np_random: np.random.Generator | None = None
+        #: The worker holding this session (from ``GET /health`` after the first reset).
+        self.worker: str | None = None
+        self._closed = False
+        if description is not None:
+            self._describe(description)
+
+    @classmethod
+    async def create(cls, url: str = "http://127.0.0.1:8000", **kwargs: Any) -> AsyncRemoteEnv:
+        """An opened env (same arguments as the constructor)."""
+        env = cls(url, **kwargs)
+        await env.open()
+        return env
+
+    def _describe(self, description: EnvDescription) -> None:
+        self._protocol = RemoteEnvProtocol(description, self.render_mode)
+        self.observation_space = description.observation_space
+        self.action_space = description.action_space
+        self.metadata = description.metadata
+
+    async def open(self) -> AsyncRemoteEnv:
+        """Read the spaces (unless given) and check the render mode; returns ``self``."""
+        if self._protocol is None:
+            try:
+                reply = await self._http.send(SPACES_REQUEST)
+                self._describe(EnvDescription.from_json(reply.json()))
+            except BaseException:
+                await self._http.close()
+                raise
+        return self
+
+    @property
+    def protocol(self) -> RemoteEnvProtocol:
+        if self._protocol is None:
+            raise RuntimeError("open the AsyncRemoteEnv first: `async with` or `await create()`")
+        return self._protocol
+
+    @property
+    def session_id(self) -> str:
+        """The session's id (picked by the client)."""
+        return self.protocol.session_id
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        """A generator seeded by ``reset(seed=...)``, as `gymnasium.Env.np_random`."""
+        if self._np_random is None:
+            self._np_random, _ = seeding.np_random()
+        return self._np_random
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Start (or restart) the session's episode; returns observation and info."""
+        protocol = self.protocol
+        if seed is not None:
+            self._np_random, _ = seeding.np_random(seed)
+        reply = await self._http.send(protocol.reset_request(seed, options))
+        observation, info = protocol.reset_reply(reply)
+        if self.worker is None:
+            self.worker = (await self._http.send(protocol.health_request())).json()["worker"]
+        return observation, info
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """Take one action; returns observation, reward, terminated, truncated and info."""
+        protocol = self.protocol
+        request = protocol.step_request(action)
+        try:
+            reply = await self._http.send(request)
+        except ConnectionLostError as lost:
+            try:
+                observed = await self._http.send(protocol.observe_request())
+            except NoOpenEpisodeError as exc:
+                raise protocol.step_ran(lost) from exc
+            protocol.step_not_run(observed, lost)
+            reply = await self._http.send(request)
+        return protocol.step_reply(reply)
+
+    async def render(self) -> Any:
+        """The served env's frame in this env's `render_mode` (``None`` without one)."""
+        if self.render_mode is None:
+            return None
+        protocol = self.protocol
+        return protocol.render_reply(await self._http.send(protocol.render_request()))
+
+    async def verify(self, *, close_follows: bool = True, **body: Any) -> dict[str, Any]:
+        """Score the episode on the server (``/verify``), as `RemoteEnv.verify`."""
+        request = self.protocol.verify_request(close_follows, body)
+        return (await self._http.send(request)).json()
+
+    async def close(self) -> None:
+        """Close the session on the server (once) and the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._protocol is not None and self._protocol.started:
+                await self._http.send(self._protocol.close_request())
+        finally:
+            await self._http.close()
+
+    async def __aenter__(self) -> AsyncRemoteEnv:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()

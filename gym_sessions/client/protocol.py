@@ -1,0 +1,253 @@
+"""What a remote env session sends and what the replies mean, without any I/O.
+
+`RemoteEnv` (blocking) and `AsyncRemoteEnv` (``await``) are two thin shells
+around one `RemoteEnvProtocol`: it builds every request (route, JSON body,
+whether it is safe to send again) and decodes every reply (observations through
+the space codec, frames through `gym_sessions.client.frames`), so the two
+clients cannot drift apart. The shells only move bytes.
+
+Which requests may be sent again after a lost reply (`Request.resendable`):
+
+- ``GET`` requests, ``/render``, ``/observe`` and ``/close_session`` change nothing
+  or are idempotent;
+- ``/reset`` carries the session id the client picked (``resources_session_id``),
+  so a resent start restarts the episode of the same session and never creates
+  a second one;
+- ``/step`` and ``/verify`` are not idempotent and are never resent blindly.
+  After a lost ``/step`` reply the client asks ``/observe`` how many steps the
+  episode has taken: if the step did not run it is sent again, otherwise
+  `ConnectionLostError` says the step ran and its reply is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from gym_sessions.client.frames import decode_frame
+from gym_sessions.errors import GymSessionsError
+from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
+
+__all__ = [
+    "WIRE_RENDER_MODES",
+    "ConnectionLostError",
+    "EnvDescription",
+    "RemoteEnvProtocol",
+    "Reply",
+    "Request",
+    "RequestTimeoutError",
+]
+
+#: Render modes whose frames a client can receive. ``human`` would open a window
+#: on the server's machine; ``gymnasium.make(..., render_mode="human")`` shows the
+#: ``rgb_array`` frames locally instead (and ``*_list`` modes collect them locally).
+WIRE_RENDER_MODES = ("rgb_array", "depth_array", "ansi")
+
+CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
+
+
+class ConnectionLostError(GymSessionsError, ConnectionError):
+    """The connection broke after a request was sent and before its reply arrived.
+
+    The request may or may not have run on the server. Requests that are safe to
+    send again have been resent before this is raised.
+    """
+
+    def __init__(self, url: str, what: str, reason: str) -> None:
+        super().__init__(f"{what} to {url}: {reason}")
+        self.url = url
+
+
+class RequestTimeoutError(GymSessionsError, TimeoutError):
+    """No reply within the client's per-request timeout (after any safe resends)."""
+
+    def __init__(self, url: str, what: str, timeout: float) -> None:
+        super().__init__(f"no reply to {what} from {url} within {timeout:g} s")
+        self.url = url
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request of a session.
+
+    Attributes:
+        method: ``GET`` or ``POST``.
+        path: Route path (the client adds its URL's prefix).
+        body: JSON body; ``None`` sends none.
+        headers: Extra headers.
+        resendable: Safe to send again when its reply is lost (see module docstring).
+    """
+
+    method: str
+    path: str
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    resendable: bool = False
+
+    def describe(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A reply: status, headers (lower-case names) and raw body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+@dataclass(frozen=True)
+class EnvDescription:
+    """A served env as ``GET /spaces`` describes it.
+
+    Attributes:
+        observation_space: The env's observation space.
+        action_space: The env's action space.
+        metadata: The env's metadata; ``render_modes`` keeps only the modes a
+            client can receive (`WIRE_RENDER_MODES`).
+        spec: The server's spec summary (``id``, ``max_episode_steps``, ...).
+    """
+
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
+    metadata: dict[str, Any]
+    spec: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, reply: Mapping[str, Any]) -> EnvDescription:
+        metadata = dict(reply.get("metadata") or {})
+        served = metadata.get("render_modes") or []
+        metadata["render_modes"] = [mode for mode in served if mode in WIRE_RENDER_MODES]
+        return cls(
+            space_from_json(reply["observation_space"]),
+            space_from_json(reply["action_space"]),
+            metadata,
+            dict(reply.get("spec") or {}),
+        )
+
+    def check_render_mode(self, render_mode: str | None) -> None:
+        """Raise `ValueError` unless ``render_mode`` is ``None`` or one this env offers."""
+        modes = self.metadata["render_modes"]
+        if render_mode is not None and render_mode not in modes:
+            hint = (
+                " (for a window, make the env with render_mode='human': gymnasium.make shows "
+                "the rgb_array frames locally)"
+                if render_mode == "human"
+                else ""
+            )
+            raise ValueError(
+                f"render_mode {render_mode!r} is not one of the served env's modes {modes}{hint}"
+            )
+
+
+SPACES_REQUEST = Request("GET", "/spaces", resendable=True)
+
+
+class RemoteEnvProtocol:
+    """Requests and replies of one env session, without I/O.
+
+    Args:
+        description: The served env.
+        render_mode: Render mode for the session's env (checked against the description).
+        session_id: The session's id; a fresh random one by default.
+    """
+
+    def __init__(
+        self,
+        description: EnvDescription,
+        render_mode: str | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        description.check_render_mode(render_mode)
+        self.description = description
+        self.render_mode = render_mode
+        self.session_id = session_id or uuid.uuid4().hex
+        self.started = False
+        #: Steps of the open episode, as the server counts them (``/observe``).
+        self.episode_length = 0
+
+    # Session start and steps -------------------------------------------------------------
+
+    def reset_request(self, seed: int | None, options: dict[str, Any] | None) -> Request:
+        body: dict[str, Any] = {
+            "resources_session_id": self.session_id,
+            "seed": seed,
+            "options": options,
+        }
+        if self.render_mode is not None:
+            body["render_mode"] = self.render_mode
+        return Request("POST", "/reset", body, resendable=True)
+
+    def reset_reply(self, reply: Reply) -> tuple[Any, dict[str, Any]]:
+        data = reply.json()
+        self.started = True
+        self.episode_length = 0
+        observation = value_from_json(self.description.observation_space, data["observation"])
+        return observation, data["info"]
+
+    def step_request(self, action: Any) -> Request:
+        return Request(
+            "POST", "/step", {"action": value_to_json(self.description.action_space, action)}
+        )
+
+    def step_reply(self, reply: Reply) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        data = reply.json()
+        self.episode_length += 1
+        return (
+            value_from_json(self.description.observation_space, data["observation"]),
+            data["reward"],
+            data["terminated"],
+            data["truncated"],
+            data["info"],
+        )
+
+    # After a lost step reply ---------------------------------------------------------------
+
+    def observe_request(self) -> Request:
+        return Request("POST", "/observe", {}, resendable=True)
+
+    def step_not_run(self, observed: Reply, lost: ConnectionLostError) -> None:
+        """Return if ``/observe`` shows the lost step did not run (resend it); else raise."""
+        if observed.json()["episode_length"] != self.episode_length:
+            raise self.step_ran(lost)
+
+    def step_ran(self, lost: ConnectionLostError) -> ConnectionLostError:
+        """The error for a step that ran on the server but whose reply was lost."""
+        error = ConnectionLostError(
+            lost.url,
+            "POST /step",
+            f"the step ran on the server but its reply was lost ({lost}); call reset()",
+        )
+        error.__cause__ = lost
+        return error
+
+    # Other routes ---------------------------------------------------------------------------
+
+    def render_request(self) -> Request:
+        return Request("POST", "/render", {}, resendable=True)
+
+    def render_reply(self, reply: Reply) -> Any:
+        return decode_frame(reply.status, reply.headers, reply.body)
+
+    def verify_request(self, close_follows: bool, body: dict[str, Any]) -> Request:
+        headers = {CLOSE_FOLLOWS_HEADER: "1"} if close_follows else {}
+        return Request("POST", "/verify", body, headers)
+
+    def health_request(self) -> Request:
+        # Sent with the session cookie: the router hands it to the worker that
+        # claims the session, whichever worker accepted the connection.
+        return Request("GET", "/health", resendable=True)
+
+    def close_request(self) -> Request:
+        return Request(
+            "POST", "/close_session", {"resources_session_id": self.session_id}, resendable=True
+        )
