@@ -12,10 +12,12 @@ worker. It runs the batch twice: with one kept-alive connection per session
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import signal
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,7 @@ from gym_sessions.server_process import ServerProcess, start_server
 __all__ = ["run_demo"]
 
 TARGET = "envs.counter:CounterEnv"
+AGENT_TARGET = "envs.counter:CounterAgent"
 REQUEST_TIMEOUT_SECONDS = 60.0
 HEALTH_PROBES = 50
 
@@ -124,6 +127,43 @@ def _run_batch(
     return result
 
 
+def _run_agent_batch(
+    title: str, agent_url: str, env_url: str, tasks: list[CounterTask], concurrency: int
+) -> BatchResult:
+    """The same tasks through the counter agent's ``/run`` (agent and env both routed)."""
+    result = BatchResult(title, len(tasks))
+    started = time.perf_counter()
+
+    def run(task: CounterTask) -> float:
+        body = {
+            "env_url": env_url,
+            "task": {
+                "initial_count": task.initial_count,
+                "increments": list(task.increments),
+                "expected_count": task.expected_count,
+            },
+        }
+        request = urllib.request.Request(
+            agent_url + "/run",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as reply:
+            return float(json.loads(reply.read())["reward"])
+
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    try:
+        for future in [pool.submit(run, task) for task in tasks]:
+            try:
+                result.rewards[future.result()] += 1
+            except Exception as exc:
+                result.errors[type(exc).__name__] += 1
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
 def _worker_spread(server: ServerProcess) -> str:
     # Each probe is a new connection, which any worker may accept.
     try:
@@ -178,6 +218,15 @@ def run_demo(workers: int, episodes: int, concurrency: int) -> int:
                 results.append(_run_batch(title, server.url, tasks, concurrency, keep_alive))
                 _print_batch(results[-1])
             print(f"\n{_worker_spread(server)}")
+            try:
+                agent = start_server(AGENT_TARGET, workers=workers)
+            except RuntimeError as exc:
+                raise StartupError(f"the demo agent server did not start: {exc}") from exc
+            with agent:
+                print(f"\nagent    {' '.join(agent.process.args)}")  # type: ignore[arg-type]
+                title = "the same tasks through the counter agent's /run (agent and env routed)"
+                results.append(_run_agent_batch(title, agent.url, server.url, tasks, concurrency))
+                _print_batch(results[-1])
     total = sum(result.episodes for result in results)
     failed = total - sum(result.perfect for result in results)
     if failed:
