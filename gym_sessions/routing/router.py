@@ -7,10 +7,11 @@ For each HTTP request `SessionRouter`:
 2. if another worker claims that id, forwards the request to it over its
    private socket and streams the reply back (410 if that worker is gone);
 3. otherwise serves it here. A session start (or a close naming an id) claims
-   the id before the handler runs; any other request claims it when the
-   reply starts, if the handler used the session and the client can name the
-   id afterwards (it came from the client, or the reply is no error). If
-   another worker claimed the id meanwhile, the reply is 409.
+   the id before the handler runs; on a server whose sessions may start on
+   any request (resources servers, not agents), any other request claims it
+   when the reply starts, if the handler used the session and the client can
+   name the id afterwards (it came from the client, or the reply is no error).
+   If another worker claimed the id meanwhile, the reply is 409.
 
 A request that arrived over a private socket is always served here. With one
 worker (or routing off) the same steps run against a store that writes
