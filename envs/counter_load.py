@@ -18,7 +18,15 @@ import aiohttp
 from gym_sessions.routing.claim_store import FileClaimStore
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 
-__all__ = ["Episode", "claim_owner", "client_session", "make_episodes", "play", "play_all"]
+__all__ = [
+    "Episode",
+    "claim_owner",
+    "client_session",
+    "make_episodes",
+    "play",
+    "play_all",
+    "play_over_mcp",
+]
 
 COOKIE = "gym_session"
 
@@ -118,6 +126,37 @@ async def play_all(
     """Play ``episodes`` concurrently against the server at ``url``."""
     async with client_session(fresh_connections=fresh_connections) as client:
         return await asyncio.gather(*[play(client, url, e, typed=typed) for e in episodes])
+
+
+async def play_over_mcp(client: aiohttp.ClientSession, url: str, episode: Episode) -> Episode:
+    """Start over HTTP, then only MCP tool calls with the session token; reads the count last.
+
+    The reward is 1.0 when the count read over MCP is the expected one.
+    """
+    body = {"options": {"initial_count": episode.initial}}
+    status, data, _ = await _post(client, url + "/reset", episode, body, None)
+    if status != 200:
+        return episode
+    episode.session_id = data["resources_session_id"]
+    headers = data["mcp"]["headers"]
+    calls = [("step", {"action": step}) for step in episode.increments] + [("observe", {})]
+    result: dict[str, Any] = {}
+    for index, (name, arguments) in enumerate(calls):
+        call = {
+            "jsonrpc": "2.0",
+            "id": index,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": arguments},
+        }
+        async with client.post(url + "/mcp", json=call, headers=headers) as reply:
+            episode.statuses.append(reply.status)
+            reply_data = await reply.json(content_type=None)
+        if "error" in reply_data:
+            episode.error_codes.append(str(reply_data["error"].get("code")))
+        result = reply_data.get("result") or {}
+    observed = (result.get("structuredContent") or {}).get("observation")
+    episode.reward = 1.0 if observed == episode.expected else 0.0
+    return episode
 
 
 def claim_owner(runtime_dir: str, session_id: str) -> str | None:

@@ -108,6 +108,7 @@ class WorkerApp:
         routes = server.routes()
         starlette = Starlette(
             routes=[*routes, Mount("/rollouts/{rollout_id}", routes=routes)],
+            middleware=server.middleware(),
             exception_handlers={
                 HTTPError: _on_http_error,
                 HTTPException: _on_starlette_error,

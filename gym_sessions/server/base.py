@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
@@ -59,6 +60,10 @@ class SessionServer:
     def routes(self) -> list[BaseRoute]:
         """Every route of the server, without the rollout prefix."""
         return [Route("/health", self._health, methods=["GET"])]
+
+    def middleware(self) -> list[Middleware]:
+        """ASGI middleware around the routes, inside the router and the session cookie."""
+        return []
 
     def metrics(self) -> dict[str, Any]:
         """Extra fields for ``/health`` (for example, sessions held)."""

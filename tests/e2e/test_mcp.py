@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
 import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from envs.counter_load import client_session, make_episodes
+from envs.counter_load import client_session, make_episodes, play_over_mcp
 
 pytestmark = pytest.mark.e2e
 
@@ -136,40 +135,12 @@ async def test_malformed_json_rpc_gets_its_error(serve):
             assert reply.status == 405
 
 
-async def _mcp_sequence(client: aiohttp.ClientSession, url: str, episode) -> bool:
-    """Start over HTTP, then only MCP tool calls with the token, each on a new connection."""
-    async with client.post(
-        url + "/reset", json={"options": {"initial_count": episode.initial}}
-    ) as r:
-        token = (await r.json())["mcp"]["headers"][TOKEN]
-    headers = {TOKEN: token}
-    for i, step in enumerate(episode.increments):
-        call = {
-            "jsonrpc": "2.0",
-            "id": i,
-            "method": "tools/call",
-            "params": {"name": "step", "arguments": {"action": step}},
-        }
-        async with client.post(url + "/mcp", json=call, headers=headers) as reply:
-            await reply.read()
-    read = {
-        "jsonrpc": "2.0",
-        "id": "read",
-        "method": "tools/call",
-        "params": {"name": "observe", "arguments": {}},
-    }
-    async with client.post(url + "/mcp", json=read, headers=headers) as reply:
-        data = await reply.json()
-    result = data.get("result") or {}
-    return (result.get("structuredContent") or {}).get("observation") == episode.expected
-
-
 async def _mcp_sequences(url: str, n: int) -> int:
     async with client_session() as client:
         done = await asyncio.gather(
-            *[_mcp_sequence(client, url, e) for e in make_episodes(n, seed=9)]
+            *[play_over_mcp(client, url, e) for e in make_episodes(n, seed=9)]
         )
-    return sum(done)
+    return sum(e.reward == 1.0 for e in done)
 
 
 def test_200_mcp_sequences_with_only_the_token_at_4_workers(serve):

@@ -1,0 +1,323 @@
+"""The stress suite's checks, each a row: correct of total, and wall time.
+
+Each check runs against real server processes that the caller starts
+(`run_suite` starts them all). Sizes are parameters: the opt-in run uses the
+reference's sizes, the default test suite a few hundred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from envs.counter_load import (
+    Episode,
+    claim_owner,
+    client_session,
+    make_episodes,
+    play,
+    play_over_mcp,
+)
+from gym_sessions.server_process import ServerProcess
+
+COOKIE = "gym_session"
+# The client gives up on a delayed reply after this long (the server delays by 1 s).
+DROP_AFTER_SECONDS = 0.3
+
+
+@dataclass
+class Row:
+    """One check's result."""
+
+    check: str
+    correct: int
+    total: int
+    seconds: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.correct == self.total
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+async def _timed(check: str, total: int, work: Callable[[], Awaitable[tuple[int, dict]]]) -> Row:
+    started = time.perf_counter()
+    correct, detail = await work()
+    return Row(check, correct, total, time.perf_counter() - started, detail)
+
+
+async def _json(reply: aiohttp.ClientResponse) -> Any:
+    return await reply.json(content_type=None)
+
+
+async def worker_healths(server: ServerProcess, workers: int, probes: int = 400) -> dict[str, dict]:
+    """``/health`` of every live worker, probed on new connections (bounded)."""
+    seen: dict[str, dict] = {}
+    async with client_session() as client:
+        for _ in range(probes):
+            async with client.get(server.url + "/health") as reply:
+                health = await _json(reply)
+            seen[health["worker"]] = health
+            if len(seen) >= workers:
+                break
+    return seen
+
+
+# /run episodes through the agent ------------------------------------------------------------
+
+
+async def run_episodes(agent_url: str, env_url: str, n: int, *, limit: int = 512) -> Row:
+    episodes = make_episodes(n, seed=n)
+
+    async def work() -> tuple[int, dict]:
+        async with client_session(fresh_connections=False, limit=limit) as client:
+
+            async def one(episode: Episode) -> bool:
+                body = {
+                    "env_url": env_url,
+                    "task": {
+                        "initial_count": episode.initial,
+                        "increments": episode.increments,
+                        "expected_count": episode.expected,
+                    },
+                }
+                try:
+                    async with client.post(agent_url + "/run", json=body) as reply:
+                        data = await _json(reply)
+                        return reply.status == 200 and data["reward"] == 1.0
+                except aiohttp.ClientError:
+                    return False
+
+            done = await asyncio.gather(*[one(e) for e in episodes])
+        return sum(done), {}
+
+    return await _timed(f"{n:,} concurrent /run episodes, reward 1.0", n, work)
+
+
+# Seeds that fail with 500 and no cookie, cleanup close, new attempt ----------------------------
+
+
+async def failed_seeds(env_url: str, n: int) -> Row:
+    async def one(client: aiohttp.ClientSession, episode: Episode) -> bool:
+        failing = uuid.uuid4().hex
+        body = {"resources_session_id": failing, "options": {"fail": True}}
+        async with client.post(env_url + "/seed_session", json=body) as reply:
+            data = await _json(reply)
+            if reply.status != 500 or data["error"]["code"] != "env_error":
+                return False
+        async with client.post(
+            env_url + "/close_session", json={"resources_session_id": failing}
+        ) as reply:
+            closed = await _json(reply)
+        if closed.get("outcome") != "closed":
+            return False
+        await play(client, env_url, episode)
+        return episode.reward == 1.0
+
+    async def work() -> tuple[int, dict]:
+        async with client_session() as client:
+            done = await asyncio.gather(*[one(client, e) for e in make_episodes(n, seed=11)])
+        return sum(done), {}
+
+    return await _timed("seeds failing with 500, cookieless cleanup close, new attempt", n, work)
+
+
+# Seeds whose first reply is dropped or cut off, retried without a cookie -----------------------
+
+
+async def dropped_replies(env_url: str, n: int) -> Row:
+    async def one(client: aiohttp.ClientSession, episode: Episode, fault: str) -> bool:
+        body = {
+            "resources_session_id": episode.session_id,
+            "options": {"initial_count": episode.initial, "expected_count": episode.expected},
+        }
+        try:
+            async with client.post(
+                env_url + "/seed_session",
+                json=body,
+                headers={"x-stress-fault": fault},
+                timeout=aiohttp.ClientTimeout(total=DROP_AFTER_SECONDS),
+            ) as reply:
+                await reply.read()
+            return False  # the fault should have broken this reply
+        except (TimeoutError, aiohttp.ClientError):
+            pass
+        await play(client, env_url, episode)  # the retry: same typed id, no cookie
+        return episode.reward == 1.0 and all(s == 200 for s in episode.statuses)
+
+    async def work() -> tuple[int, dict]:
+        async with client_session() as client:
+            episodes = make_episodes(n, seed=12)
+            done = await asyncio.gather(
+                *[one(client, e, "delay" if i % 2 else "cut") for i, e in enumerate(episodes)]
+            )
+        return sum(done), {}
+
+    return await _timed("seeds whose first reply is dropped or cut, retried", n, work)
+
+
+# A cleanup close before its delayed seed --------------------------------------------------------
+
+
+async def close_before_seed(env_url: str, n: int) -> Row:
+    async def one(client: aiohttp.ClientSession) -> bool:
+        sid = uuid.uuid4().hex
+        async with client.post(env_url + "/close_session", json={"resources_session_id": sid}) as r:
+            if (await _json(r)).get("outcome") != "closed":
+                return False
+        async with client.post(env_url + "/seed_session", json={"resources_session_id": sid}) as r:
+            data = await _json(r)
+            return r.status == 409 and data["error"]["code"] == "session_closed"
+
+    async def work() -> tuple[int, dict]:
+        async with client_session() as client:
+            done = await asyncio.gather(*[one(client) for _ in range(n)])
+        return sum(done), {}
+
+    return await _timed("cleanup close before its delayed seed: seed refused", n, work)
+
+
+# Untyped seeds that never read the session, then tool calls ------------------------------------
+
+
+async def blind_starts(tally: ServerProcess, workers: int, n: int, calls: int = 5) -> Row:
+    async def one(client: aiohttp.ClientSession) -> bool:
+        async with client.post(tally.url + "/seed_session", json={}) as reply:
+            morsel = reply.cookies.get(COOKIE)
+        if morsel is None:
+            return False
+        headers = {"Cookie": f"{COOKIE}={morsel.value}"}
+        for _ in range(calls):
+            async with client.post(tally.url + "/add", json={}, headers=headers) as reply:
+                await reply.read()
+        async with client.post(tally.url + "/total", json={}, headers=headers) as reply:
+            return (await _json(reply)).get("total") == calls
+
+    async def work() -> tuple[int, dict]:
+        before = sum(h["created"] for h in (await worker_healths(tally, workers)).values())
+        async with client_session() as client:
+            done = await asyncio.gather(*[one(client) for _ in range(n)])
+        after = await worker_healths(tally, workers)
+        created = sum(h["created"] for h in after.values()) - before
+        # One state per session: a session split over workers would be created twice.
+        split = created - n
+        return (sum(done) if split == 0 else 0), {"states_created": created, "split": split}
+
+    return await _timed(
+        f"untyped seeds that never read the session, {calls} tool calls, a read", n, work
+    )
+
+
+# MCP sequences with only the token --------------------------------------------------------------
+
+
+async def mcp_sequences(env_url: str, n: int) -> Row:
+    async def work() -> tuple[int, dict]:
+        async with client_session() as client:
+            done = await asyncio.gather(
+                *[play_over_mcp(client, env_url, e) for e in make_episodes(n, seed=13)]
+            )
+        # These sequences never close: close them so no session is left behind.
+        async with client_session() as client:
+            for e in done:
+                async with client.post(
+                    env_url + "/close_session", json={"resources_session_id": e.session_id}
+                ) as reply:
+                    await reply.read()
+        return sum(e.reward == 1.0 for e in done), {}
+
+    return await _timed("MCP sequences with only the session token", n, work)
+
+
+# Live sessions and claims left ------------------------------------------------------------------
+
+
+async def live_sessions_left(server: ServerProcess, workers: int) -> Row:
+    async def work() -> tuple[int, dict]:
+        healths = await worker_healths(server, workers)
+        live = sum(h["sessions"] for h in healths.values())
+        return (1 if live == 0 and len(healths) == workers else 0), {
+            "live_sessions": live,
+            "workers_seen": len(healths),
+        }
+
+    return await _timed("live sessions left after every close: none", 1, work)
+
+
+async def claims_left(server: ServerProcess, window: float) -> Row:
+    async def work() -> tuple[int, dict]:
+        await asyncio.sleep(window + 1.0)
+        left = len(server.claim_files())
+        return (1 if left == 0 else 0), {"claims_left": left}
+
+    return await _timed(f"claims left {window + 1:.0f} s after the run: none", 1, work)
+
+
+# A worker SIGKILLed with sessions open ----------------------------------------------------------
+
+
+async def killed_worker(server: ServerProcess, n: int) -> Row:
+    (runtime_dir,) = server.runtime_dirs()
+    episodes = make_episodes(n, seed=14)
+
+    async def work() -> tuple[int, dict]:
+        async with client_session() as client:
+            cookies: dict[str, str] = {}
+
+            async def start(e: Episode) -> None:
+                body = {
+                    "resources_session_id": e.session_id,
+                    "options": {"initial_count": e.initial, "expected_count": e.expected},
+                }
+                async with client.post(server.url + "/reset", json=body) as reply:
+                    cookies[e.session_id] = reply.cookies[COOKIE].value
+
+            await asyncio.gather(*[start(e) for e in episodes])
+            owners = {e.session_id: claim_owner(runtime_dir, e.session_id) for e in episodes}
+            victim = max(set(owners.values()), key=list(owners.values()).count)
+            os.kill(int(victim.split("-")[0]), signal.SIGKILL)
+            await asyncio.sleep(0.5)
+
+            async def finish(e: Episode) -> None:
+                headers = {"Cookie": f"{COOKIE}={cookies[e.session_id]}"}
+                for step in e.increments:
+                    async with client.post(
+                        server.url + "/step", json={"action": step}, headers=headers
+                    ) as reply:
+                        e.statuses.append(reply.status)
+                async with client.post(server.url + "/verify", json={}, headers=headers) as reply:
+                    e.statuses.append(reply.status)
+                    if reply.status == 200:
+                        e.reward = (await _json(reply))["reward"]
+                async with client.post(
+                    server.url + "/close_session", json={"resources_session_id": e.session_id}
+                ) as reply:
+                    e.statuses.append(reply.status)
+
+            await asyncio.gather(*[finish(e) for e in episodes])
+        lost = [e for e in episodes if owners[e.session_id] == victim]
+        correct = sum(
+            set(e.statuses) == {410}
+            if owners[e.session_id] == victim
+            else (set(e.statuses) == {200} and e.reward == 1.0)
+            for e in episodes
+        )
+        claims_kept = sum(claim_owner(runtime_dir, e.session_id) == victim for e in lost)
+        return correct, {
+            "victim_sessions": len(lost),
+            "victim_claims_kept_until_exit": claims_kept,
+            "runtime_dir": runtime_dir,
+        }
+
+    return await _timed("worker SIGKILLed: its sessions 410, the rest 1.0", n, work)

@@ -1,0 +1,130 @@
+"""Servers with injected failures for the stress suite (never used by production code).
+
+- `FaultyCounterServer`: the counter env whose reset fails with 500 when the
+  options ask for it, behind a middleware that delays (so the client drops it)
+  or cuts the reply of a request carrying ``x-stress-fault: delay`` or ``cut``,
+  after the app ran it.
+- `TallyServer`: a resources server whose session start never reads the
+  session (as an agent's own untyped seed) and whose tools create per-session
+  state lazily; it counts how many session states each worker created, so a
+  session split across workers shows up as extra creations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from envs.counter import CounterEnv
+from gym_sessions.server.bodies import BodySchema
+from gym_sessions.server.env_server import GymEnvServer
+from gym_sessions.server.resources import ResourcesServer, session_id
+from gym_sessions.server.tools import Tool
+
+FAULT_HEADER = b"x-stress-fault"
+DELAY_SECONDS = 1.0
+
+
+class _InjectedFault(Exception):
+    pass
+
+
+class FaultInjectionMiddleware:
+    """Runs the request, then breaks its reply.
+
+    ``x-stress-fault: delay`` holds the reply back for a second (a client with a
+    shorter timeout never sees it: its reply is dropped); ``cut`` sends the
+    headers and half the body, then closes the connection.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fault = (
+            dict(scope.get("headers", [])).get(FAULT_HEADER) if scope["type"] == "http" else None
+        )
+        if fault is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def faulty_send(message: Message) -> None:
+            if fault == b"delay":
+                if message["type"] == "http.response.start":
+                    await asyncio.sleep(DELAY_SECONDS)
+                await send(message)
+                return
+            if message["type"] == "http.response.start":
+                await send(message)
+                return
+            body = message.get("body", b"")
+            await send(
+                {"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True}
+            )
+            # uvicorn closes a connection whose app raised after the reply started.
+            raise _InjectedFault("cut")
+
+        await self.app(scope, receive, faulty_send)
+
+
+class FaultyCounterEnv(CounterEnv):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if options and options.get("fail"):
+            raise RuntimeError("injected reset failure")
+        return super().reset(seed=seed, options=options)
+
+
+class FaultyCounterServer(GymEnvServer):
+    def __init__(self) -> None:
+        super().__init__(FaultyCounterEnv, "faulty-counter")
+
+    def middleware(self) -> list[Middleware]:
+        return [Middleware(FaultInjectionMiddleware)]
+
+
+class TallyServer(ResourcesServer):
+    """``/seed_session`` never reads the session; ``add`` and ``total`` create state lazily."""
+
+    def __init__(self) -> None:
+        self.tallies: dict[str, int] = {}
+        self.created = 0
+
+    def routes(self) -> list[BaseRoute]:
+        # First, so it shadows the base start route (which reads the session).
+        return [Route("/seed_session", self._blind_start, methods=["POST"]), *super().routes()]
+
+    async def _blind_start(self, request: Request) -> JSONResponse:
+        return JSONResponse({"started": True})
+
+    def _tally(self, request: Request) -> tuple[str, int]:
+        sid = session_id(request)
+        if sid not in self.tallies:
+            self.tallies[sid] = 0
+            self.created += 1
+        return sid, self.tallies[sid]
+
+    def tools(self) -> list[Tool]:
+        async def add(request: Request, arguments: dict[str, Any]) -> dict[str, Any]:
+            sid, value = self._tally(request)
+            self.tallies[sid] = value + 1
+            return {"total": value + 1}
+
+        async def total(request: Request, arguments: dict[str, Any]) -> dict[str, Any]:
+            return {"total": self._tally(request)[1]}
+
+        return [
+            Tool("add", "Add one to this session's tally.", BodySchema(), add),
+            Tool("total", "Read this session's tally.", BodySchema(), total),
+        ]
+
+    def release_session(self, session_id: str) -> None:
+        self.tallies.pop(session_id, None)
+
+    def metrics(self) -> dict[str, Any]:
+        return {"sessions": len(self.tallies), "created": self.created}
