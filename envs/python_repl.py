@@ -19,13 +19,21 @@ Variables persist between calls: ``x = 41`` then ``print(x + 1)`` prints 42.
 - A call longer than its timeout (default 10 s, at most 60) kills the
   interpreter and fails with ``env_error``; so does an interpreter that exits
   (``os._exit(3)``). Either way the session's next call starts a fresh one.
-- ``/verify {expected_stdout?}`` scores 1.0 when the last successful call's
-  stdout equals ``expected_stdout`` (from the verify body, else from the
-  session start's task data), else 0.0.
+- ``/verify {expected_stdout?}`` scores 1.0 when the stdout of the session's
+  last answered call (not one that timed out or crashed) equals
+  ``expected_stdout`` (from the verify body, else from the session start's
+  task data), else 0.0.
 - The interpreter is killed when the session is closed, verified without
   ``x-gym-close-follows: 1``, or its claim ends (the window after the last
   request of a session that was never started or already ended), and when the
   worker stops. ``/health`` shows the live interpreters as ``sessions``.
+
+The child (`envs._python_repl_child`) captures what the code writes to
+``sys.stdout`` and ``sys.stderr``; writes straight to fds 1 and 2 (a
+subprocess's output, say) are discarded, and ``input()`` sees end of file.
+It runs in its own process group, killed as a whole, without the worker's
+``GYM_SESSIONS_*`` environment (the server secret), and on Linux it dies with
+its worker.
 
 Serve it with ``gym-sessions serve envs.python_repl:PythonReplServer --workers 4``.
 """
@@ -214,12 +222,16 @@ class PythonReplServer(ResourcesServer):
         if not 0 < timeout <= MAX_TIMEOUT:
             raise InvalidRequestError(f"timeout must be in (0, {MAX_TIMEOUT:g}] seconds")
         sid = session_id(request)
-        async with self._locks.hold('all'):
+        async with self._locks.hold(sid):
             if sid in self.closed:  # closed while this call waited for the one before it
                 raise SessionClosedError(f"session {sid!r} is closed")
             interpreter = self._children.get(sid)
             if interpreter is None:
-                interpreter = self._children[sid] = await Interpreter.start()
+                interpreter = await Interpreter.start()
+                if sid in self.closed:  # closed while the interpreter started
+                    interpreter.kill()
+                    raise SessionClosedError(f"session {sid!r} is closed")
+                self._children[sid] = interpreter
             try:
                 reply = await interpreter.run(arguments["code"], timeout)
             except BaseException:
