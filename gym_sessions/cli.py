@@ -121,6 +121,11 @@ def _parser() -> argparse.ArgumentParser:
         help="do not route sessions to their worker (stateless servers only)",
     )
     serve_cmd.add_argument(
+        "--debug-worker-header",
+        action="store_true",
+        help="add x-gym-worker: <worker id> to replies (benchmarks, debugging)",
+    )
+    serve_cmd.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
 
@@ -144,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 workers=args.workers,
                 session_close_retry_window_seconds=args.window,
                 routes_sessions_to_owner=not args.no_routing,
+                debug_worker_header=args.debug_worker_header,
                 **overrides,
             )
             serve(args.target, settings, args.log_level)

@@ -40,6 +40,8 @@ class Settings:
         claims: Claim store; ``file`` is the only one so far.
         timeout_keep_alive: Seconds an idle client connection stays open. RL
             clients think between steps, so this is longer than uvicorn's 5 s.
+        debug_worker_header: Add ``x-gym-worker: <id>`` to replies, naming the
+            worker that ran the handler (off by default; for benchmarks and debugging).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
     """
 
@@ -54,6 +56,7 @@ class Settings:
     max_body_bytes: int = 64 * _MIB
     claims: str = "file"
     timeout_keep_alive: float = 120.0
+    debug_worker_header: bool = False
     runtime_dir: str | None = None
 
     def __post_init__(self) -> None:

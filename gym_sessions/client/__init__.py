@@ -1,5 +1,17 @@
-"""Clients: the Gymnasium API on remote environments."""
+"""Clients: the Gymnasium API on remote environments, blocking, async and vectorised."""
 
+from gym_sessions.client.async_remote_env import AsyncRemoteEnv
+from gym_sessions.client.protocol import ConnectionLostError, EnvDescription, RequestTimeoutError
 from gym_sessions.client.remote_env import RemoteEnv
+from gym_sessions.client.rollouts import run_episodes
+from gym_sessions.client.vector_env import RemoteVectorEnv
 
-__all__ = ["RemoteEnv"]
+__all__ = [
+    "AsyncRemoteEnv",
+    "ConnectionLostError",
+    "EnvDescription",
+    "RemoteEnv",
+    "RemoteVectorEnv",
+    "RequestTimeoutError",
+    "run_episodes",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from types import TracebackType
 from typing import Any
 
@@ -16,7 +17,7 @@ from gym_sessions.client.protocol import (
     EnvDescription,
     RemoteEnvProtocol,
 )
-from gym_sessions.errors import NoOpenEpisodeError
+from gym_sessions.errors import NoOpenEpisodeError, SessionGoneError
 
 __all__ = ["AsyncRemoteEnv"]
 
@@ -104,6 +105,11 @@ class AsyncRemoteEnv:
         return self._protocol
 
     @property
+    def description(self) -> EnvDescription:
+        """The served env (spaces, metadata, spec)."""
+        return self.protocol.description
+
+    @property
     def session_id(self) -> str:
         """The session's id (picked by the client)."""
         return self.protocol.session_id
@@ -162,7 +168,8 @@ class AsyncRemoteEnv:
         self._closed = True
         try:
             if self._protocol is not None and self._protocol.started:
-                await self._http.send(self._protocol.close_request())
+                with contextlib.suppress(SessionGoneError):  # nothing left to close
+                    await self._http.send(self._protocol.close_request())
         finally:
             await self._http.close()
 

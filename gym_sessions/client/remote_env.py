@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import gymnasium as gym
@@ -14,7 +15,7 @@ from gym_sessions.client.protocol import (
     EnvDescription,
     RemoteEnvProtocol,
 )
-from gym_sessions.errors import NoOpenEpisodeError
+from gym_sessions.errors import NoOpenEpisodeError, SessionGoneError
 
 __all__ = ["RemoteEnv"]
 
@@ -124,6 +125,7 @@ class RemoteEnv(gym.Env):
         self._closed = True
         try:
             if self._protocol.started:
-                self._http.send(self._protocol.close_request())
+                with contextlib.suppress(SessionGoneError):  # nothing left to close
+                    self._http.send(self._protocol.close_request())
         finally:
             self._http.close()

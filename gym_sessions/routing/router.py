@@ -46,7 +46,9 @@ from gym_sessions.routing.session_ids import (
     route_path,
 )
 
-__all__ = ["SessionRouter", "send_error"]
+__all__ = ["WORKER_HEADER", "SessionRouter", "send_error"]
+
+WORKER_HEADER = b"x-gym-worker"
 
 
 class _ClientDisconnected(Exception):
@@ -105,6 +107,8 @@ class SessionRouter:
             recorded the close).
         jsonrpc_paths: Paths whose errors are JSON-RPC error objects (MCP).
         max_body_bytes: Larger bodies get 413.
+        debug_worker_header: Add ``x-gym-worker: <worker id>`` to every reply
+            this worker's app produced (for benchmarks and debugging).
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class SessionRouter:
         close_paths: Collection[str],
         max_body_bytes: int,
         jsonrpc_paths: Collection[str] = (),
+        debug_worker_header: bool = False,
     ) -> None:
         self.app = app
         self.sources = sources
@@ -128,6 +133,9 @@ class SessionRouter:
         self.start_paths = frozenset(start_paths)
         self.close_paths = frozenset(close_paths)
         self.jsonrpc_paths = frozenset(jsonrpc_paths)
+        self.worker_header = (
+            (WORKER_HEADER, claims.worker_id.encode()) if debug_worker_header else None
+        )
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -229,6 +237,8 @@ class SessionRouter:
                         refused = True
                         await self._send_error(scope, send, _claimed_elsewhere(sid))
                         return
+            if self.worker_header is not None and message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.worker_header]
             await send(message)
 
         try:

@@ -126,6 +126,7 @@ class WorkerApp:
             close_paths=server.close_paths,
             jsonrpc_paths=server.jsonrpc_paths,
             max_body_bytes=settings.max_body_bytes,
+            debug_worker_header=settings.debug_worker_header,
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None

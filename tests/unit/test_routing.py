@@ -575,3 +575,15 @@ def test_file_claims_have_one_winner_under_thread_races(tmp_path):
                 assert results[i][k] == f"w{winners[0]}"
         assert stores[0].read(sid) == f"w{winners[0]}"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
+
+
+async def test_debug_worker_header_names_the_worker_that_ran_the_handler(cluster):
+    c = await cluster(2, debug_worker_header=True)
+    start = await c[0].request("POST", "/seed_session", {})
+    assert start.headers["x-gym-worker"] == c[0].id
+    routed = await c[1].request("POST", "/touch", cookie=start.cookie)
+    assert routed.headers.getall("x-gym-worker") == [c[0].id]
+    local = await c[1].request("GET", "/nothing")
+    assert local.headers["x-gym-worker"] == c[1].id
+    quiet = await cluster(1)
+    assert "x-gym-worker" not in (await quiet[0].request("GET", "/nothing")).headers

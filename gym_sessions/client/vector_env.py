@@ -1,0 +1,369 @@
+"""`RemoteVectorEnv`: N remote sessions stepped concurrently from one process.
+
+One background thread runs one asyncio event loop that drives N
+`AsyncRemoteEnv` sessions; each `step` sends the N requests at once
+(``asyncio.gather``) and waits for all replies. No process per sub-env: the
+work is the server's, the client only waits on sockets. ``gymnasium.make_vec``
+builds it for ``gym_sessions/Remote-v0``.
+
+Autoreset follows Gymnasium 1.x exactly as `gymnasium.vector.SyncVectorEnv`
+does (``metadata["autoreset_mode"]``):
+
+- ``NEXT_STEP`` (default): the step after a sub-env ends resets it, returning
+  the first observation, reward 0 and no termination; its action is ignored.
+- ``SAME_STEP``: a sub-env that ends is reset within the same step; the reply
+  holds the new episode's first observation, and ``info["final_obs"]`` /
+  ``info["final_info"]`` (masked by ``_final_obs`` / ``_final_info``) hold the end.
+- ``DISABLED``: nothing resets by itself; reset ended sub-envs with
+  ``reset(options={"reset_mask": mask})`` before stepping again.
+
+A sub-env that fails stops the batch: `SessionGoneError` (its worker has
+exited) names the sub-env in its message and in ``env_index``; other errors
+carry ``env_index`` and a note. The other sub-envs may have stepped, so the
+vector env refuses to step until a full `reset`, which also replaces lost
+sessions with new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Awaitable, Coroutine, Sequence
+from copy import deepcopy
+from typing import Any, TypeVar
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from gym_sessions.client.async_remote_env import AsyncRemoteEnv
+from gym_sessions.client.protocol import EnvDescription
+from gym_sessions.errors import SessionGoneError
+
+__all__ = ["RemoteVectorEnv"]
+
+T = TypeVar("T")
+
+
+class _EventLoopThread:
+    """An asyncio event loop in a daemon thread; `run` blocks the caller until a coroutine ends.
+
+    A thread, not ``asyncio.run`` per call: the sessions' kept-alive connections
+    belong to one loop and must outlive each call, and a caller that already
+    runs a loop (a notebook) cannot run another in its own thread.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="gym-sessions-vector-loop", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # an interrupted caller must not leave requests running
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+            self.loop.close()
+
+
+async def _gather(calls: Sequence[Awaitable[Any]]) -> list[Any]:
+    return await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def _step_then_reset(env: AsyncRemoteEnv, action: Any, max_steps: int | None, length: int):
+    result = await env.step(action)
+    if result[2] or result[3] or (max_steps is not None and length + 1 >= max_steps):
+        return result, await env.reset()
+    return result, None
+
+
+class RemoteVectorEnv(VectorEnv):
+    """``num_envs`` sessions on a gym-sessions server, stepped concurrently.
+
+    Example:
+        >>> import gymnasium, gym_sessions
+        >>> envs = gymnasium.make_vec("gym_sessions/Remote-v0", num_envs=8, url=url)
+        >>> obs, infos = envs.reset(seed=0)
+        >>> obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
+        >>> envs.unwrapped.workers  # the server worker holding each session
+        >>> envs.close()
+
+    ``gymnasium.make_vec`` passes every keyword argument here (not through
+    ``vector_kwargs``): ``make_vec(id, num_envs=8, url=..., autoreset_mode="SameStep")``.
+
+    Args:
+        num_envs: Number of sessions.
+        url: The server's base URL.
+        render_mode: As for `RemoteEnv`; `render` returns one frame per sub-env.
+        timeout: Seconds to wait for each reply.
+        retries: Resends of a request that is safe to resend after a lost reply.
+        autoreset_mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED`` (see the module).
+        max_episode_steps: Truncate episodes after this many steps, counted here
+            (as ``gymnasium.make(..., max_episode_steps=...)`` does with ``TimeLimit``).
+        copy: Return copies of the batched observations, as ``SyncVectorEnv`` does.
+    """
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        url: str = "http://127.0.0.1:8000",
+        render_mode: str | None = None,
+        timeout: float = 60.0,
+        retries: int = 1,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        max_episode_steps: int | None = None,
+        copy: bool = True,
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1, not {num_envs}")
+        self.num_envs = num_envs
+        self.url = url
+        self.render_mode = render_mode
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.max_episode_steps = max_episode_steps
+        self.copy = copy
+        self._env_options = {"timeout": timeout, "retries": retries, "render_mode": render_mode}
+        self._loop = _EventLoopThread()
+        # A vector env that is never closed still stops its thread when collected.
+        weakref.finalize(self, self._loop.stop)
+        try:
+            first = self._loop.run(AsyncRemoteEnv.create(url, **self._env_options))
+        except BaseException:
+            self._loop.stop()
+            raise
+        self.description: EnvDescription = first.protocol.description
+        self.envs: list[AsyncRemoteEnv] = [first] + [self._new_env() for _ in range(num_envs - 1)]
+
+        self.metadata = {**self.description.metadata, "autoreset_mode": self.autoreset_mode}
+        self.single_observation_space = self.description.observation_space
+        self.single_action_space = self.description.action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+
+        self._env_obs: list[Any] = [None] * num_envs
+        self._observations = create_empty_array(self.single_observation_space, num_envs, np.zeros)
+        self._rewards = np.zeros((num_envs,), dtype=np.float64)
+        self._terminations = np.zeros((num_envs,), dtype=np.bool_)
+        self._truncations = np.zeros((num_envs,), dtype=np.bool_)
+        self._autoreset_envs = np.zeros((num_envs,), dtype=np.bool_)
+        self._episode_lengths = np.zeros((num_envs,), dtype=np.int64)
+        self._lost = np.zeros((num_envs,), dtype=np.bool_)
+        self._needs_reset = True
+
+    def _new_env(self) -> AsyncRemoteEnv:
+        return AsyncRemoteEnv(self.url, description=self.description, **self._env_options)
+
+    # Sub-env calls ---------------------------------------------------------------------------
+
+    def _call_all(self, calls: Sequence[tuple[int, Awaitable[Any]]]) -> list[Any]:
+        """Await ``calls`` (sub-env index, awaitable) concurrently; raise the first failure."""
+        results = self._loop.run(_gather([call for _, call in calls]))
+        failed = [
+            (index, result)
+            for (index, _), result in zip(calls, results, strict=True)
+            if isinstance(result, BaseException)
+        ]
+        if failed:
+            self._needs_reset = True
+            for index, result in failed:
+                if isinstance(result, SessionGoneError):
+                    self._lost[index] = True
+            raise self._sub_env_error(*failed[0], others=[index for index, _ in failed[1:]])
+        return results
+
+    def _sub_env_error(self, index: int, error: BaseException, others: list[int]) -> BaseException:
+        env = self.envs[index]
+        where = f"sub-env {index} (session {env.session_id}, worker {env.worker})"
+        also = f"; sub-envs {others} failed too" if others else ""
+        if isinstance(error, SessionGoneError):
+            gone = SessionGoneError(f"{where} lost its session: {error.message}{also}")
+            gone.__cause__ = error
+            error = gone
+        else:
+            error.add_note(f"raised by {where}{also}")
+        error.env_index = index  # type: ignore[attr-defined]
+        return error
+
+    # Gymnasium API -----------------------------------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset every sub-env (or those in ``options["reset_mask"]``), as ``SyncVectorEnv``."""
+        if isinstance(seed, int):
+            super().reset(seed=seed)
+            seeds: list[int | None] = [seed + i for i in range(self.num_envs)]
+        else:
+            seeds = [None] * self.num_envs if seed is None else list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(
+                f"If seeds are passed as a list the length must match num_envs={self.num_envs} "
+                f"but got length={len(seeds)}."
+            )
+        options = dict(options) if options is not None else None
+        mask = _reset_mask(options, self.num_envs)
+        if mask is None:
+            mask = np.ones((self.num_envs,), dtype=np.bool_)
+            self._needs_reset = False
+        indices = [int(i) for i in np.flatnonzero(mask)]
+        self._replace_lost(indices)
+        self._terminations[mask] = False
+        self._truncations[mask] = False
+        self._autoreset_envs[mask] = False
+        self._episode_lengths[mask] = 0
+
+        calls = [(i, self.envs[i].reset(seed=seeds[i], options=options)) for i in indices]
+        infos: dict[str, Any] = {}
+        for i, (observation, info) in zip(indices, self._call_all(calls), strict=True):
+            self._env_obs[i] = observation
+            infos = self._add_info(infos, info, i)
+        return self._batched_observations(), infos
+
+    def _replace_lost(self, indices: list[int]) -> None:
+        lost = [i for i in indices if self._lost[i]]
+        if not lost:
+            return
+        self._loop.run(_gather([self.envs[i].close() for i in lost]))
+        for i in lost:
+            self.envs[i] = self._new_env()
+            self._lost[i] = False
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every sub-env concurrently; autoreset as ``metadata["autoreset_mode"]`` says."""
+        if self._needs_reset:
+            raise RuntimeError("call reset() first (after creation or after a sub-env failed)")
+        mode = self.autoreset_mode
+        if mode == AutoresetMode.DISABLED and self._autoreset_envs.any():
+            ended = np.flatnonzero(self._autoreset_envs).tolist()
+            raise RuntimeError(
+                f"sub-envs {ended} have ended and autoreset is disabled: reset them with "
+                "reset(options={'reset_mask': mask})"
+            )
+        calls: list[tuple[int, Awaitable[Any]]] = []
+        for i, action in enumerate(iterate(self.action_space, actions)):
+            env = self.envs[i]
+            if mode == AutoresetMode.NEXT_STEP and self._autoreset_envs[i]:
+                calls.append((i, env.reset()))
+            elif mode == AutoresetMode.SAME_STEP:
+                length = int(self._episode_lengths[i])
+                calls.append((i, _step_then_reset(env, action, self.max_episode_steps, length)))
+            else:
+                calls.append((i, env.step(action)))
+        results = self._call_all(calls)
+
+        infos: dict[str, Any] = {}
+        for i, result in enumerate(results):
+            if mode == AutoresetMode.NEXT_STEP and self._autoreset_envs[i]:
+                self._env_obs[i], info = result
+                self._rewards[i] = 0.0
+                self._terminations[i] = self._truncations[i] = False
+                self._episode_lengths[i] = 0
+            elif mode == AutoresetMode.SAME_STEP:
+                (observation, reward, terminated, truncated, info), restart = result
+                self._record_step(i, observation, reward, terminated, truncated)
+                if restart is not None:
+                    final = {"final_obs": self._env_obs[i], "final_info": info}
+                    infos = self._add_info(infos, final, i)
+                    self._env_obs[i], info = restart
+                    self._episode_lengths[i] = 0
+            else:
+                self._record_step(i, *result[:4])
+                info = result[4]
+            infos = self._add_info(infos, info, i)
+        self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        return (
+            self._batched_observations(),
+            np.copy(self._rewards),
+            np.copy(self._terminations),
+            np.copy(self._truncations),
+            infos,
+        )
+
+    def _record_step(
+        self, i: int, observation: Any, reward: float, terminated: bool, truncated: bool
+    ) -> None:
+        self._episode_lengths[i] += 1
+        limit = self.max_episode_steps
+        if limit is not None and self._episode_lengths[i] >= limit:
+            truncated = True
+        self._env_obs[i] = observation
+        self._rewards[i] = reward
+        self._terminations[i] = terminated
+        self._truncations[i] = truncated
+
+    def _batched_observations(self) -> Any:
+        self._observations = concatenate(
+            self.single_observation_space, self._env_obs, self._observations
+        )
+        return deepcopy(self._observations) if self.copy else self._observations
+
+    def render(self) -> tuple[Any, ...]:
+        """One frame per sub-env, fetched concurrently."""
+        return tuple(self._call_all([(i, env.render()) for i, env in enumerate(self.envs)]))
+
+    # Sub-env attributes ------------------------------------------------------------------------
+
+    @property
+    def workers(self) -> tuple[str | None, ...]:
+        """The server worker holding each sub-env's session (known after the first reset)."""
+        return tuple(env.worker for env in self.envs)
+
+    @property
+    def session_ids(self) -> tuple[str, ...]:
+        """Each sub-env's session id."""
+        return tuple(env.session_id for env in self.envs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """An attribute of every sub-env (`AsyncRemoteEnv`)."""
+        return tuple(getattr(env, name) for env in self.envs)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call a method of every sub-env, awaiting coroutine methods concurrently."""
+        results = [getattr(env, name)(*args, **kwargs) for env in self.envs]
+        pending = [(i, r) for i, r in enumerate(results) if asyncio.iscoroutine(r)]
+        for (i, _), value in zip(pending, self._call_all(pending), strict=True):
+            results[i] = value
+        return tuple(results)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Close every session (best effort) and stop the event loop thread."""
+        try:
+            self._loop.run(_gather([env.close() for env in self.envs]))
+        finally:
+            self._loop.stop()
+
+
+def _reset_mask(options: dict[str, Any] | None, num_envs: int) -> np.ndarray | None:
+    """Pop and check ``options["reset_mask"]`` as ``SyncVectorEnv`` does."""
+    if options is None or "reset_mask" not in options:
+        return None
+    mask = options.pop("reset_mask")
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (num_envs,):
+        raise ValueError(
+            f"`options['reset_mask']` must have shape `({num_envs},)`, got {mask.shape}"
+        )
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not np.any(mask):
+        raise ValueError(
+            "`options['reset_mask']` must contain a boolean array with at least one True "
+            f"value, got reset_mask={mask}"
+        )
+    return mask
