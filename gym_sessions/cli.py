@@ -121,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
         help="do not route sessions to their worker (stateless servers only)",
     )
     serve_cmd.add_argument(
+        "--forward-transport",
+        choices=["http", "aiohttp"],
+        default="http",
+        help="how a worker forwards a request to the session's worker (default http)",
+    )
+    serve_cmd.add_argument(
         "--debug-worker-header",
         action="store_true",
         help="add x-gym-worker: <worker id> to replies (benchmarks, debugging)",
@@ -150,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 session_close_retry_window_seconds=args.window,
                 routes_sessions_to_owner=not args.no_routing,
                 debug_worker_header=args.debug_worker_header,
+                forward_transport=args.forward_transport,
                 **overrides,
             )
             serve(args.target, settings, args.log_level)

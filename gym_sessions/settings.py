@@ -40,6 +40,9 @@ class Settings:
         claims: Claim store; ``file`` is the only one so far.
         timeout_keep_alive: Seconds an idle client connection stays open. RL
             clients think between steps, so this is longer than uvicorn's 5 s.
+        forward_transport: How requests reach another worker: ``http`` (HTTP/1.1
+            on pooled persistent Unix-socket connections, the default) or
+            ``aiohttp`` (the reference hop, kept for comparison).
         debug_worker_header: Add ``x-gym-worker: <id>`` to replies, naming the
             worker that ran the handler (off by default; for benchmarks and debugging).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
@@ -56,6 +59,7 @@ class Settings:
     max_body_bytes: int = 64 * _MIB
     claims: str = "file"
     timeout_keep_alive: float = 120.0
+    forward_transport: str = "http"
     debug_worker_header: bool = False
     runtime_dir: str | None = None
 
@@ -68,6 +72,8 @@ class Settings:
             raise ValueError("session_close_retry_window_seconds must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be positive")
+        if self.forward_transport not in ("http", "aiohttp"):
+            raise ValueError("forward_transport must be 'http' or 'aiohttp'")
         if self.claims != "file":
             raise ValueError(f"unknown claim store {self.claims!r}; only 'file' is supported")
         object.__setattr__(self, "checkpoint_session_starts", tuple(self.checkpoint_session_starts))

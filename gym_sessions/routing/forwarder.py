@@ -1,25 +1,43 @@
-"""The hop: hand a request to the worker that claims its session.
+"""The hop: hand a request to the worker that claims its session, and its reply back.
 
 The request goes over the claimant's private Unix socket unchanged (method,
 raw path, query, headers less hop-by-hop ones, the body already read) and the
-reply streams back unchanged. The client per claimant is aiohttp with its own
-``UnixConnector``, no cookie jar, no default headers, no decompression and no
-total timeout. A claimant that refuses connections is gone: its client is
-discarded and the caller gets `SessionGoneError`.
+reply streams back unchanged. Two transports implement `Forwarder`:
+
+- ``http`` (`StreamForwarder`, the default): plain HTTP/1.1 written and parsed
+  by hand on a pool of persistent Unix-socket connections per claimant;
+- ``aiohttp`` (`AiohttpForwarder`): the reference design, one aiohttp client
+  per claimant, kept for comparison.
+
+Both speak HTTP to the claimant's private uvicorn listener, so the socket stays
+usable for debugging: ``curl --unix-socket <runtime dir>/workers/<id>.sock
+http://worker/health``. A claimant whose socket refuses connections is gone:
+`SessionGoneError` (410).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
-import aiohttp
 from starlette.types import Scope, Send
-from yarl import URL
 
-from gym_sessions.errors import BadGatewayError, SessionGoneError
+from gym_sessions.errors import SessionGoneError
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 
-__all__ = ["HOP_BY_HOP_HEADERS", "Forwarder"]
+__all__ = [
+    "FORWARD_TRANSPORTS",
+    "HOP_BY_HOP_HEADERS",
+    "Forwarder",
+    "claimant_gone",
+    "forwarded_headers",
+    "make_forwarder",
+    "reachable",
+    "reply_headers",
+    "request_target",
+]
+
+FORWARD_TRANSPORTS = ("http", "aiohttp")
 
 HOP_BY_HOP_HEADERS = frozenset(
     {
@@ -32,115 +50,63 @@ HOP_BY_HOP_HEADERS = frozenset(
         b"trailer",
         b"transfer-encoding",
         b"upgrade",
-        # The body is re-sent whole; aiohttp sets its length.
-        b"content-length",
     }
 )
-# Idle pooled connections close before the private server would drop them
-# (its keep-alive is longer), so a reused connection is never half-closed.
-_POOL_KEEPALIVE_SECONDS = 30.0
-_POOL_LIMIT = 512
+# The body travels whole, so its length is set anew.
+_NOT_FORWARDED = HOP_BY_HOP_HEADERS | {b"content-length"}
 
 
-class Forwarder:
-    """Forwards requests to other workers' private sockets.
-
-    Args:
-        runtime_dir: The server's runtime directory, where private sockets live.
-    """
-
-    def __init__(self, runtime_dir: RuntimeDirectory) -> None:
-        self.socket_path = runtime_dir.socket_path
-        self._clients: dict[str, aiohttp.ClientSession] = {}
-
-    def _client(self, worker_id: str) -> aiohttp.ClientSession:
-        client = self._clients.get(worker_id)
-        if client is None or client.closed:
-            connector = aiohttp.UnixConnector(
-                path=self.socket_path(worker_id),
-                keepalive_timeout=_POOL_KEEPALIVE_SECONDS,
-                limit=_POOL_LIMIT,
-            )
-            client = aiohttp.ClientSession(
-                connector=connector,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-                timeout=aiohttp.ClientTimeout(total=None),
-            )
-            self._clients[worker_id] = client
-        return client
-
-    async def _discard(self, worker_id: str) -> None:
-        client = self._clients.pop(worker_id, None)
-        if client is not None:
-            await client.close()
+class Forwarder(Protocol):
+    """Sends a request to another worker and streams its reply to ``send``."""
 
     async def forward(self, worker_id: str, scope: Scope, body: bytes, send: Send) -> None:
-        """Send the request in ``scope`` with ``body`` to ``worker_id``; stream the reply back.
-
-        Raises:
-            SessionGoneError: the claimant's socket is gone or refuses connections.
-            BadGatewayError: the claimant failed before replying for another reason.
-        """
-        headers = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in scope["headers"]
-            if name not in HOP_BY_HOP_HEADERS
-        ]
-        target = scope.get("raw_path") or scope["path"].encode()
-        if scope.get("query_string"):
-            target += b"?" + scope["query_string"]
-        url = URL("http://claimant").join(URL(target.decode("latin-1"), encoded=True))
-        client = self._client(worker_id)
-        try:
-            response = await client.request(
-                scope["method"],
-                url,
-                headers=headers,
-                data=body,
-                allow_redirects=False,
-                compress=None,
-            )
-        except aiohttp.ClientConnectorError as exc:
-            await self._discard(worker_id)
-            raise SessionGoneError(
-                f"the worker that holds this session ({worker_id}) is gone"
-            ) from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            # Either the claimant died while serving, or the connection broke.
-            await self._discard(worker_id)
-            if not await self._reachable(worker_id):
-                raise SessionGoneError(
-                    f"the worker that holds this session ({worker_id}) is gone"
-                ) from exc
-            raise BadGatewayError(f"forwarding to worker {worker_id} failed: {exc}") from exc
-        async with response:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status,
-                    "headers": [
-                        (name.lower(), value)
-                        for name, value in response.raw_headers
-                        if name.lower() not in HOP_BY_HOP_HEADERS
-                        or name.lower() == b"content-length"
-                    ],
-                }
-            )
-            async for chunk in response.content.iter_any():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _reachable(self, worker_id: str) -> bool:
-        try:
-            _, writer = await asyncio.open_unix_connection(self.socket_path(worker_id))
-        except OSError:
-            return False
-        writer.close()
-        return True
+        """Forward; raises `SessionGoneError` when ``worker_id`` is gone."""
 
     async def close(self) -> None:
-        """Close every client."""
-        for worker_id in list(self._clients):
-            await self._discard(worker_id)
+        """Close every connection."""
+
+
+def request_target(scope: Scope) -> bytes:
+    """The request's target as it arrived: raw path and query string."""
+    target = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string")
+    return target + b"?" + query if query else target
+
+
+def forwarded_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The request's headers without hop-by-hop ones and without its length."""
+    return [(name, value) for name, value in scope["headers"] if name not in _NOT_FORWARDED]
+
+
+def reply_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A claimant's reply headers, lower-cased, without hop-by-hop ones."""
+    lowered = ((name.lower(), value) for name, value in raw)
+    return [(name, value) for name, value in lowered if name not in HOP_BY_HOP_HEADERS]
+
+
+def claimant_gone(worker_id: str) -> SessionGoneError:
+    """The error for a session whose worker has exited."""
+    return SessionGoneError(f"the worker that holds this session ({worker_id}) is gone")
+
+
+async def reachable(socket_path: str) -> bool:
+    """Whether something accepts connections on ``socket_path``."""
+    try:
+        _, writer = await asyncio.open_unix_connection(socket_path)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+def make_forwarder(transport: str, runtime_dir: RuntimeDirectory) -> Forwarder:
+    """The forwarder for ``transport`` (one of `FORWARD_TRANSPORTS`)."""
+    if transport == "http":
+        from gym_sessions.routing.stream_forwarder import StreamForwarder
+
+        return StreamForwarder(runtime_dir)
+    if transport == "aiohttp":
+        from gym_sessions.routing.aiohttp_forwarder import AiohttpForwarder
+
+        return AiohttpForwarder(runtime_dir)
+    raise ValueError(f"unknown forward transport {transport!r}; use one of {FORWARD_TRANSPORTS}")

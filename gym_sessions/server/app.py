@@ -32,7 +32,7 @@ from gym_sessions.errors import (
     error_body,
 )
 from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
-from gym_sessions.routing.forwarder import Forwarder
+from gym_sessions.routing.forwarder import Forwarder, make_forwarder
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.private_listener import PrivateListener
 from gym_sessions.routing.router import SessionRouter
@@ -99,7 +99,7 @@ class WorkerApp:
                 raise ValueError("a routed worker needs the runtime directory of its server")
             self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
             store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
-            self.forwarder = Forwarder(self.runtime_dir)
+            self.forwarder = make_forwarder(settings.forward_transport, self.runtime_dir)
         self.claims = OwnedClaims(
             store, self.worker_id, settings.session_close_retry_window_seconds
         )

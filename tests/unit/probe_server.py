@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from gym_sessions.errors import EnvError
@@ -75,6 +75,7 @@ class ProbeServer(ResourcesServer):
             Route("/fail_touch", self.fail_touch, methods=["POST"]),
             Route("/echo", self.echo, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
             Route("/sleep", self.sleep, methods=["POST"]),
+            Route("/stream", self.stream, methods=["GET"]),
         ]
 
     async def blind_start(self, request: Request) -> JSONResponse:
@@ -108,6 +109,18 @@ class ProbeServer(ResourcesServer):
                 "body_size": len(body),
             }
         )
+
+    async def stream(self, request: Request) -> StreamingResponse:
+        """``n`` chunks of 64 KiB, chunked transfer, with the session used."""
+        session_id(request)
+        n = int(request.query_params.get("n", "4"))
+
+        async def chunks():
+            for i in range(n):
+                yield bytes([i % 256]) * 65536
+                await asyncio.sleep(0)
+
+        return StreamingResponse(chunks(), media_type="application/octet-stream")
 
     async def sleep(self, request: Request) -> JSONResponse:
         sid = session_id(request)

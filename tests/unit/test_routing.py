@@ -63,12 +63,13 @@ async def test_typed_start_is_claimed_by_the_worker_that_served_it(cluster, star
     assert c.credentials.decode_cookie(reply.cookie)["session_id"] == sid
 
 
+@pytest.mark.parametrize("transport", ["http", "aiohttp"])
 @pytest.mark.parametrize(
     "source",
     ["cookie", "token", "mcp_token", "typed_seed", "typed_reset", "typed_close", "rollout_cookie"],
 )
-async def test_each_id_source_routes_to_the_claimant(cluster, source):
-    c = await cluster(3)
+async def test_each_id_source_routes_to_the_claimant(cluster, source, transport):
+    c = await cluster(3, forward_transport=transport)
     sid = new_id()
     start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     assert start.json["worker"] == c[0].id
@@ -109,8 +110,9 @@ async def test_each_id_source_routes_to_the_claimant(cluster, source):
         assert c[0].server.released == [sid]
 
 
-async def test_state_is_never_split_across_workers(cluster):
-    c = await cluster(4)
+@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+async def test_state_is_never_split_across_workers(cluster, transport):
+    c = await cluster(4, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
     cookie = start.cookie
     counts = []
@@ -270,8 +272,9 @@ async def test_malformed_typed_id_gets_400(cluster):
 # Forwarding -----------------------------------------------------------------------------------
 
 
-async def test_forwarded_request_keeps_method_path_query_headers_and_body(cluster):
-    c = await cluster(2)
+@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+async def test_forwarded_request_keeps_method_path_query_headers_and_body(cluster, transport):
+    c = await cluster(2, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
     payload = os.urandom(300_000)
     for method in ("POST", "PUT", "PATCH", "DELETE"):
@@ -313,8 +316,9 @@ async def test_request_over_a_private_socket_is_handled_where_it_arrives(cluster
         assert refused.status == 409
 
 
-async def test_typed_seed_with_9_mib_of_task_data_reaches_its_claimant(cluster):
-    c = await cluster(2, max_body_bytes=16 * 1024 * 1024)
+@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+async def test_typed_seed_with_9_mib_of_task_data_reaches_its_claimant(cluster, transport):
+    c = await cluster(2, max_body_bytes=16 * 1024 * 1024, forward_transport=transport)
     sid = new_id()
     await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     task = "x" * (9 * 1024 * 1024)
@@ -335,9 +339,10 @@ async def test_body_over_the_limit_gets_413(cluster):
 # Worker death -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("transport", ["http", "aiohttp"])
 @pytest.mark.parametrize("how", ["socket_removed", "socket_refuses"])
-async def test_session_of_an_exited_worker_gets_410(cluster, how):
-    c = await cluster(3)
+async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
+    c = await cluster(3, forward_transport=transport)
     sid = new_id()
     start = await c[1].request("POST", "/seed_session", {"resources_session_id": sid})
     other = await c[2].request("POST", "/seed_session", {})
@@ -587,3 +592,37 @@ async def test_debug_worker_header_names_the_worker_that_ran_the_handler(cluster
     assert local.headers["x-gym-worker"] == c[1].id
     quiet = await cluster(1)
     assert "x-gym-worker" not in (await quiet[0].request("GET", "/nothing")).headers
+
+
+@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+async def test_streamed_reply_arrives_whole_through_the_hop(cluster, transport):
+    c = await cluster(2, forward_transport=transport)
+    start = await c[0].request("POST", "/seed_session", {})
+    async with c.private_client(c[0]) as direct_client:
+        direct = await send(direct_client, "GET", "/stream?n=40", cookie=start.cookie)
+    routed = await c[1].request("GET", "/stream?n=40", cookie=start.cookie)
+    assert routed.status == 200
+    assert routed.json == direct.json
+    assert len(routed.json) == 40 * 65536
+    assert "chunked" in routed.headers.get("transfer-encoding", "")
+
+
+async def test_http_transport_reuses_pooled_connections(cluster):
+    c = await cluster(2, forward_transport="http")
+    start = await c[0].request("POST", "/seed_session", {})
+    for _ in range(30):
+        reply = await c[1].request("POST", "/touch", cookie=start.cookie)
+        assert reply.json["worker"] == c[0].id
+    # Sequential forwards share one kept-alive connection to the claimant.
+    assert len(c[0].app._listener._state.connections) == 1
+
+
+async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster):
+    c = await cluster(2, forward_transport="http")
+    start = await c[0].request("POST", "/seed_session", {})
+    headers = {"Cookie": f"gym_session={start.cookie}"}
+    async with c[1].client.get("http://w/stream?n=200", headers=headers) as reply:
+        await reply.content.read(65536)  # then leave with most of the reply unread
+    for _ in range(5):
+        ok = await c[1].request("POST", "/touch", cookie=start.cookie)
+        assert ok.status == 200 and ok.json["worker"] == c[0].id

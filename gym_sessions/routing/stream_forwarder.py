@@ -1,0 +1,215 @@
+"""The shipped hop: HTTP/1.1 by hand on persistent Unix-socket connections.
+
+Each claimant gets a pool of idle kept-alive connections. A request is written
+in one go (request line, headers, ``content-length``, body); the reply is
+parsed with httptools (uvicorn's own parser) and streamed to the caller as it
+arrives. A connection goes back to the pool only after a complete reply that
+allows keep-alive; one that breaks mid-reply is closed.
+
+Compared with an aiohttp client this skips building request and response
+objects per call, which is most of the hop's CPU on a trivial request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+import httptools
+from starlette.types import Scope, Send
+
+from gym_sessions.errors import BadGatewayError
+from gym_sessions.routing.forwarder import (
+    claimant_gone,
+    forwarded_headers,
+    reachable,
+    reply_headers,
+    request_target,
+)
+from gym_sessions.routing.runtime_dir import RuntimeDirectory
+
+__all__ = ["StreamForwarder"]
+
+_READ_SIZE = 256 * 1024
+_MAX_IDLE_PER_CLAIMANT = 64
+_JOIN_BELOW = 64 * 1024
+
+
+class _Reply:
+    """httptools callbacks collecting one reply: headers first, then body chunks."""
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.complete = False
+        self.chunks: list[bytes] = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    def take_chunks(self) -> bytes:
+        chunks, self.chunks = self.chunks, []
+        return b"".join(chunks)
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class StreamForwarder:
+    """Forwards requests over pooled persistent connections to private sockets.
+
+    Args:
+        runtime_dir: The server's runtime directory, where private sockets live.
+    """
+
+    def __init__(self, runtime_dir: RuntimeDirectory) -> None:
+        self.socket_path = runtime_dir.socket_path
+        self._idle: dict[str, deque[_Connection]] = {}
+
+    async def _connect(self, worker_id: str) -> tuple[_Connection, bool]:
+        idle = self._idle.get(worker_id)
+        while idle:
+            connection = idle.pop()
+            if not connection.reader.at_eof() and not connection.writer.is_closing():
+                return connection, True
+            connection.close()
+        try:
+            reader, writer = await asyncio.open_unix_connection(
+                self.socket_path(worker_id), limit=_READ_SIZE
+            )
+        except OSError as exc:  # refused, or the socket file is gone
+            self._drop_pool(worker_id)
+            raise claimant_gone(worker_id) from exc
+        return _Connection(reader, writer), False
+
+    def _release(self, worker_id: str, connection: _Connection) -> None:
+        idle = self._idle.setdefault(worker_id, deque())
+        if len(idle) < _MAX_IDLE_PER_CLAIMANT:
+            idle.append(connection)
+        else:
+            connection.close()
+
+    def _drop_pool(self, worker_id: str) -> None:
+        for connection in self._idle.pop(worker_id, ()):
+            connection.close()
+
+    async def forward(self, worker_id: str, scope: Scope, body: bytes, send: Send) -> None:
+        """Send the request in ``scope`` with ``body`` to ``worker_id``; stream the reply back.
+
+        Raises:
+            SessionGoneError: the claimant's socket is gone or refuses connections.
+            BadGatewayError: the claimant failed before replying for another reason.
+        """
+        head = _request_head(scope, len(body))
+        connection, reused = await self._connect(worker_id)
+        try:
+            reply, parser = await self._exchange(connection, head, body)
+        except (OSError, EOFError, httptools.HttpParserError) as exc:
+            connection.close()
+            if (
+                reused
+                and isinstance(exc, EOFError)
+                and await reachable(self.socket_path(worker_id))
+            ):
+                # A pooled connection the claimant closed while idle: nothing was
+                # read from it, so the request never ran. Try once more, afresh.
+                connection, _ = await self._connect(worker_id)
+                try:
+                    reply, parser = await self._exchange(connection, head, body)
+                except (OSError, EOFError, httptools.HttpParserError) as retry_exc:
+                    connection.close()
+                    raise await self._failure(worker_id, retry_exc) from retry_exc
+            else:
+                raise await self._failure(worker_id, exc) from exc
+        await self._stream_reply(worker_id, connection, reply, parser, send)
+
+    async def _exchange(
+        self, connection: _Connection, head: bytes, body: bytes
+    ) -> tuple[_Reply, Any]:
+        """Write the request and read until the reply's headers are in."""
+        if len(body) < _JOIN_BELOW:
+            connection.writer.write(head + body)  # one send for the usual small request
+        else:
+            connection.writer.write(head)
+            connection.writer.write(body)  # no copy of a large body
+        await connection.writer.drain()
+        reply = _Reply()
+        parser = httptools.HttpResponseParser(reply)
+        while not reply.headers_done:
+            data = await connection.reader.read(_READ_SIZE)
+            if not data:
+                raise EOFError("the claimant closed the connection before replying")
+            parser.feed_data(data)
+        return reply, parser
+
+    async def _stream_reply(
+        self, worker_id: str, connection: _Connection, reply: _Reply, parser: Any, send: Send
+    ) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": parser.get_status_code(),
+                "headers": reply_headers(reply.headers),
+            }
+        )
+        try:
+            while True:
+                chunk = reply.take_chunks()
+                if reply.complete:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    break
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                data = await connection.reader.read(_READ_SIZE)
+                if not data:
+                    raise EOFError("the claimant closed the connection mid-reply")
+                parser.feed_data(data)
+        except BaseException:
+            # The reply is incomplete (claimant gone, or our client left): this
+            # connection is in an unknown state and is not reused.
+            connection.close()
+            raise
+        if parser.should_keep_alive():
+            self._release(worker_id, connection)
+        else:
+            connection.close()
+
+    async def _failure(self, worker_id: str, exc: BaseException) -> Exception:
+        if not await reachable(self.socket_path(worker_id)):
+            self._drop_pool(worker_id)
+            return claimant_gone(worker_id)
+        return BadGatewayError(f"forwarding to worker {worker_id} failed: {exc!r}")
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        for worker_id in list(self._idle):
+            self._drop_pool(worker_id)
+
+
+def _request_head(scope: Scope, body_length: int) -> bytes:
+    lines = [
+        scope["method"].encode("ascii"),
+        b" ",
+        request_target(scope),
+        b" HTTP/1.1\r\n",
+    ]
+    for name, value in forwarded_headers(scope):
+        lines += [name, b": ", value, b"\r\n"]
+    lines += [b"content-length: ", str(body_length).encode(), b"\r\n\r\n"]
+    return b"".join(lines)
