@@ -46,6 +46,15 @@ class Episode:
     def expected(self) -> int:
         return self.initial + sum(self.increments)
 
+    @property
+    def task(self) -> dict[str, Any]:
+        """The episode as a counter task, the ``task`` of a `CounterAgent` ``/run``."""
+        return {
+            "initial_count": self.initial,
+            "increments": self.increments,
+            "expected_count": self.expected,
+        }
+
 
 def make_episodes(n: int, seed: int = 0) -> list[Episode]:
     """``n`` random episodes of 3-6 non-zero increments, reproducible from ``seed``."""

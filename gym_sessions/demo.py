@@ -12,6 +12,7 @@ worker. It runs the batch twice: with one kept-alive connection per session
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import random
 import signal
@@ -19,7 +20,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,15 +108,15 @@ def _run_episode(url: str, task: CounterTask, keep_alive: bool) -> float:
         env.close()
 
 
-def _run_batch(
-    title: str, url: str, tasks: list[CounterTask], concurrency: int, keep_alive: bool
+def _score(
+    title: str, tasks: list[CounterTask], concurrency: int, play: Callable[[CounterTask], float]
 ) -> BatchResult:
+    """Play every task on ``concurrency`` threads; count rewards and errors."""
     result = BatchResult(title, len(tasks))
     started = time.perf_counter()
     pool = ThreadPoolExecutor(max_workers=concurrency)
     try:
-        futures = [pool.submit(_run_episode, url, task, keep_alive) for task in tasks]
-        for future in futures:
+        for future in [pool.submit(play, task) for task in tasks]:
             try:
                 result.rewards[future.result()] += 1
             except Exception as exc:
@@ -127,41 +128,23 @@ def _run_batch(
     return result
 
 
-def _run_agent_batch(
-    title: str, agent_url: str, env_url: str, tasks: list[CounterTask], concurrency: int
-) -> BatchResult:
-    """The same tasks through the counter agent's ``/run`` (agent and env both routed)."""
-    result = BatchResult(title, len(tasks))
-    started = time.perf_counter()
-
-    def run(task: CounterTask) -> float:
-        body = {
-            "env_url": env_url,
-            "task": {
-                "initial_count": task.initial_count,
-                "increments": list(task.increments),
-                "expected_count": task.expected_count,
-            },
-        }
-        request = urllib.request.Request(
-            agent_url + "/run",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as reply:
-            return float(json.loads(reply.read())["reward"])
-
-    pool = ThreadPoolExecutor(max_workers=concurrency)
-    try:
-        for future in [pool.submit(run, task) for task in tasks]:
-            try:
-                result.rewards[future.result()] += 1
-            except Exception as exc:
-                result.errors[type(exc).__name__] += 1
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    result.seconds = time.perf_counter() - started
-    return result
+def _run_with_agent(agent_url: str, env_url: str, task: CounterTask) -> float:
+    """One task through the counter agent's ``/run`` (agent and env both routed)."""
+    body = {
+        "env_url": env_url,
+        "task": {
+            "initial_count": task.initial_count,
+            "increments": list(task.increments),
+            "expected_count": task.expected_count,
+        },
+    }
+    request = urllib.request.Request(
+        agent_url + "/run",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as reply:
+        return float(json.loads(reply.read())["reward"])
 
 
 def _worker_spread(server: ServerProcess) -> str:
@@ -215,7 +198,8 @@ def run_demo(workers: int, episodes: int, concurrency: int) -> int:
             print(f"workers  {workers}")
             print(f"clients  {concurrency} threads of gymnasium.make('gym_sessions/Remote-v0')")
             for title, keep_alive in batches:
-                results.append(_run_batch(title, server.url, tasks, concurrency, keep_alive))
+                play = functools.partial(_run_episode, server.url, keep_alive=keep_alive)
+                results.append(_score(title, tasks, concurrency, play))
                 _print_batch(results[-1])
             print(f"\n{_worker_spread(server)}")
             try:
@@ -225,7 +209,8 @@ def run_demo(workers: int, episodes: int, concurrency: int) -> int:
             with agent:
                 print(f"\nagent    {' '.join(agent.process.args)}")  # type: ignore[arg-type]
                 title = "the same tasks through the counter agent's /run (agent and env routed)"
-                results.append(_run_agent_batch(title, agent.url, server.url, tasks, concurrency))
+                play = functools.partial(_run_with_agent, agent.url, server.url)
+                results.append(_score(title, tasks, concurrency, play))
                 _print_batch(results[-1])
     total = sum(result.episodes for result in results)
     failed = total - sum(result.perfect for result in results)

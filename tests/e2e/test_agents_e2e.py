@@ -17,14 +17,7 @@ AGENT = "envs.counter:CounterAgent"
 
 
 def run_body(env_url: str, episode, model_url: str | None = None) -> dict:
-    body = {
-        "env_url": env_url,
-        "task": {
-            "initial_count": episode.initial,
-            "increments": episode.increments,
-            "expected_count": episode.expected,
-        },
-    }
+    body = {"env_url": env_url, "task": episode.task}
     if model_url:
         body["model"] = {"base_url": model_url, "name": "fake"}
     return body

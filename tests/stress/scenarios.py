@@ -84,14 +84,7 @@ async def run_episodes(agent_url: str, env_url: str, n: int, *, limit: int = 512
         async with client_session(fresh_connections=False, limit=limit) as client:
 
             async def one(episode: Episode) -> bool:
-                body = {
-                    "env_url": env_url,
-                    "task": {
-                        "initial_count": episode.initial,
-                        "increments": episode.increments,
-                        "expected_count": episode.expected,
-                    },
-                }
+                body = {"env_url": env_url, "task": episode.task}
                 try:
                     async with client.post(agent_url + "/run", json=body) as reply:
                         data = await _json(reply)

@@ -7,7 +7,10 @@ worker accepts each request (as uvicorn's shared socket would, at random).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,20 @@ from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.settings import Settings
 
 SECRET = "test-secret-" + "x" * 20
+
+
+async def wait_until(predicate: Any, within: float = 5.0) -> bool:
+    """Poll ``predicate`` until it holds or ``within`` seconds pass (bounded)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return predicate()
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
 
 
 @dataclass

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
-import uuid
 
 import pytest
 
-from .cluster import Cluster, start_cluster
+from .cluster import Cluster, new_id, start_cluster, wait_until
 from .probe_agent import ProbeAgent
 
 WINDOW = 1.0
@@ -29,19 +27,6 @@ async def agents(short_tmp):
     yield make
     for c in made:
         await c.stop()
-
-
-async def wait_until(predicate, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
 
 
 async def seed(worker, sid, **flags):

@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
-import uuid
 
 import pytest
 
 from gym_sessions.routing.claim_store import FileClaimStore
 
-from .cluster import Cluster, send, start_cluster
+from .cluster import Cluster, new_id, send, start_cluster, wait_until
 from .probe_server import ProbeServer
 
 WINDOW = 1.0
@@ -33,19 +31,6 @@ async def cluster(short_tmp):
     yield make
     for c in made:
         await c.stop()
-
-
-async def wait_until(predicate, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
 
 
 # Session id sources ------------------------------------------------------------------------
