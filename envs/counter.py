@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from gym_sessions.errors import NotFoundError
+from gym_sessions.errors import InvalidRequestError, NotFoundError
 from gym_sessions.server.agent import AgentServer
-from gym_sessions.server.bodies import BodySchema, Field, read_json
+from gym_sessions.server.bodies import BodySchema, Field, integer_list, read_json
 from gym_sessions.server.policies import (
     ChatCompletionsPolicy,
     Policy,
@@ -86,6 +86,13 @@ class CounterAgent(AgentServer):
     Serve it with ``gym-sessions serve envs.counter:CounterAgent --workers 4``.
     """
 
+    def check_run(self, body: dict[str, Any]) -> None:
+        TASK_BODY.validate(body.get("task"))
+        if not integer_list((body.get("task") or {}).get("increments", [])):
+            raise InvalidRequestError("task.increments must be a list of integers")
+        if body.get("model") is not None:
+            MODEL_BODY.validate(body["model"])
+
     def start_body(self, body: dict[str, Any]) -> dict[str, Any]:
         task = body.get("task") or {}
         options = {
@@ -113,7 +120,10 @@ class CounterAgent(AgentServer):
         )
 
     async def seed_agent_session(self, session_id: str, body: dict[str, Any]) -> Any:
-        return {"values": list(body.get("values", []))}
+        values = body.get("values", [])
+        if not integer_list(values):
+            raise InvalidRequestError("values must be a list of integers")
+        return {"values": list(values)}
 
     async def close_agent_session(self, session_id: str, state: Any) -> dict[str, Any]:
         return {"count": len(state["values"]), "total": sum(state["values"])}
@@ -131,6 +141,14 @@ class CounterAgent(AgentServer):
 
 
 REMEMBER_BODY = BodySchema({"value": Field(("integer",), required=True)})
+TASK_BODY = BodySchema(
+    {
+        "initial_count": Field(("integer",)),
+        "increments": Field(("array",)),
+        "expected_count": Field(("integer", "null")),
+    }
+)
+MODEL_BODY = BodySchema({"base_url": Field(("string",), required=True), "name": Field(("string",))})
 
 
 class CountedChatPolicy:

@@ -3,6 +3,8 @@
     GymSessionsError
      ├── StartupError               the server cannot start (bad target, port in use)
      ├── ServerUnreachableError     the client cannot connect to the server
+     ├── ConnectionLostError        the connection broke before the reply arrived
+     ├── ReplyTimeoutError          no reply within the client's timeout
      └── HTTPError                  an error with a status and a JSON body
           ├── InvalidRequestError       400 invalid_request
           │    ├── InvalidJSONError     400 invalid_json
@@ -14,7 +16,9 @@
           ├── SessionConflictError      409 session_conflict
           │    └── SessionClosedError   409 session_closed
           ├── SessionGoneError          410 session_gone
+          ├── RequestTimeoutError       408 request_timeout
           ├── BodyTooLargeError         413 body_too_large
+          ├── HeadersTooLargeError      431 headers_too_large
           ├── EnvError                  500 env_error
           ├── InternalServerError       500 internal_error
           └── BadGatewayError           502 bad_gateway
@@ -32,9 +36,11 @@ from typing import Any, ClassVar
 __all__ = [
     "BadGatewayError",
     "BodyTooLargeError",
+    "ConnectionLostError",
     "EnvError",
     "GymSessionsError",
     "HTTPError",
+    "HeadersTooLargeError",
     "InternalServerError",
     "InvalidJSONError",
     "InvalidRequestError",
@@ -43,6 +49,8 @@ __all__ = [
     "MethodNotAllowedError",
     "NoOpenEpisodeError",
     "NotFoundError",
+    "ReplyTimeoutError",
+    "RequestTimeoutError",
     "ServerUnreachableError",
     "SessionClosedError",
     "SessionConflictError",
@@ -67,6 +75,26 @@ class ServerUnreachableError(GymSessionsError, ConnectionError):
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(f"cannot reach gym-sessions server at {url}: {reason}")
+        self.url = url
+
+
+class ConnectionLostError(GymSessionsError, ConnectionError):
+    """The connection broke after a request was sent and before its reply arrived.
+
+    The request may or may not have run on the server. Requests that are safe to
+    send again have been resent before this is raised.
+    """
+
+    def __init__(self, url: str, what: str, reason: str) -> None:
+        super().__init__(f"{what} to {url}: {reason}")
+        self.url = url
+
+
+class ReplyTimeoutError(GymSessionsError, TimeoutError):
+    """No reply within the client's per-request timeout (after any safe resends)."""
+
+    def __init__(self, url: str, what: str, timeout: float) -> None:
+        super().__init__(f"no reply to {what} from {url} within {timeout:g} s")
         self.url = url
 
 
@@ -121,8 +149,16 @@ class SessionGoneError(HTTPError):
     status, code = 410, "session_gone"
 
 
+class RequestTimeoutError(HTTPError):
+    status, code = 408, "request_timeout"
+
+
 class BodyTooLargeError(HTTPError):
     status, code = 413, "body_too_large"
+
+
+class HeadersTooLargeError(HTTPError):
+    status, code = 431, "headers_too_large"
 
 
 class EnvError(HTTPError):

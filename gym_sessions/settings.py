@@ -37,6 +37,10 @@ class Settings:
             session (only matters with several workers).
         checkpoint_session_starts: Paths (without rollout prefix) that start a session.
         max_body_bytes: Larger request bodies get 413.
+        max_header_bytes: Requests whose headers add up to more get 431.
+        body_read_timeout_seconds: A request body that stalls longer than this
+            between two chunks gets 408 (a slow client cannot hold a worker's
+            memory and a claim's in-flight count forever).
         claims: Claim store; ``file`` is the only one so far.
         timeout_keep_alive: Seconds an idle client connection stays open. RL
             clients think between steps, so this is longer than uvicorn's 5 s.
@@ -57,6 +61,8 @@ class Settings:
     routes_sessions_to_owner: bool = True
     checkpoint_session_starts: tuple[str, ...] = ("/seed_session", "/reset")
     max_body_bytes: int = 64 * _MIB
+    max_header_bytes: int = 64 * 1024
+    body_read_timeout_seconds: float = 60.0
     claims: str = "file"
     timeout_keep_alive: float = 120.0
     forward_transport: str = "http"

@@ -1,10 +1,11 @@
 """Clients: the Gymnasium API on remote environments, blocking, async and vectorised."""
 
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
-from gym_sessions.client.protocol import ConnectionLostError, EnvDescription, RequestTimeoutError
+from gym_sessions.client.protocol import EnvDescription
 from gym_sessions.client.remote_env import RemoteEnv
 from gym_sessions.client.rollouts import run_episodes
 from gym_sessions.client.vector_env import RemoteVectorEnv
+from gym_sessions.errors import ConnectionLostError, ReplyTimeoutError
 
 __all__ = [
     "AsyncRemoteEnv",
@@ -12,6 +13,6 @@ __all__ = [
     "EnvDescription",
     "RemoteEnv",
     "RemoteVectorEnv",
-    "RequestTimeoutError",
+    "ReplyTimeoutError",
     "run_episodes",
 ]

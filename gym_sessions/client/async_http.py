@@ -13,8 +13,8 @@ from __future__ import annotations
 import aiohttp
 
 from gym_sessions.client.http import HTTPClientBase
-from gym_sessions.client.protocol import ConnectionLostError, Reply, Request, RequestTimeoutError
-from gym_sessions.errors import ServerUnreachableError
+from gym_sessions.client.protocol import Reply, Request
+from gym_sessions.errors import ConnectionLostError, ReplyTimeoutError, ServerUnreachableError
 
 __all__ = ["AsyncHTTPClient"]
 
@@ -52,7 +52,7 @@ class AsyncHTTPClient(HTTPClientBase):
             ServerUnreachableError: the server cannot be reached.
             HTTPError: the server replied with an error (the matching subclass).
             ConnectionLostError: the reply was lost and the request is not resendable.
-            RequestTimeoutError: no reply in time.
+            ReplyTimeoutError: no reply in time.
         """
         payload, headers = self._headers(request)
         url = self.url + request.path
@@ -69,7 +69,7 @@ class AsyncHTTPClient(HTTPClientBase):
                 raise ServerUnreachableError(self.url, str(exc)) from exc
             except TimeoutError as exc:
                 if not self._may_resend(request, attempt):
-                    raise RequestTimeoutError(self.url, request.describe(), self.timeout) from exc
+                    raise ReplyTimeoutError(self.url, request.describe(), self.timeout) from exc
             except aiohttp.ClientError as exc:
                 if not self._may_resend(request, attempt):
                     reason = str(exc) or type(exc).__name__

@@ -13,11 +13,10 @@ from gymnasium.utils import seeding
 from gym_sessions.client.async_http import AsyncHTTPClient
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
-    ConnectionLostError,
     EnvDescription,
     RemoteEnvProtocol,
 )
-from gym_sessions.errors import NoOpenEpisodeError, SessionGoneError
+from gym_sessions.errors import ConnectionLostError, NoOpenEpisodeError, SessionGoneError
 
 __all__ = ["AsyncRemoteEnv"]
 

@@ -7,7 +7,7 @@ so its requests never need a hop. Error replies become the exceptions of
 naming the URL. A reply lost to a broken connection or a timeout is retried
 (``retries`` times) only for requests marked resendable
 (`gym_sessions.client.protocol.Request`); otherwise it raises
-`ConnectionLostError` or `RequestTimeoutError`.
+`ConnectionLostError` or `ReplyTimeoutError`.
 
 `HTTPClientBase` holds what the blocking `HTTPClient` and the asyncio
 `AsyncHTTPClient` share: the URL, the cookie, request headers and reply decoding.
@@ -22,8 +22,13 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from gym_sessions.client.protocol import ConnectionLostError, Reply, Request, RequestTimeoutError
-from gym_sessions.errors import ServerUnreachableError, error_from_body
+from gym_sessions.client.protocol import Reply, Request
+from gym_sessions.errors import (
+    ConnectionLostError,
+    ReplyTimeoutError,
+    ServerUnreachableError,
+    error_from_body,
+)
 
 __all__ = ["HTTPClient", "HTTPClientBase"]
 
@@ -118,7 +123,7 @@ class HTTPClient(HTTPClientBase):
             ServerUnreachableError: the server cannot be reached.
             HTTPError: the server replied with an error (the matching subclass).
             ConnectionLostError: the reply was lost and the request is not resendable.
-            RequestTimeoutError: no reply in time.
+            ReplyTimeoutError: no reply in time.
         """
         resend = method == "GET" if resendable is None else resendable
         return self.send(Request(method, path, body, headers or {}, resend)).json()
@@ -135,7 +140,7 @@ class HTTPClient(HTTPClientBase):
                 raise
             except TimeoutError as exc:
                 if not self._may_resend(request, attempt):
-                    raise RequestTimeoutError(self.url, request.describe(), self.timeout) from exc
+                    raise ReplyTimeoutError(self.url, request.describe(), self.timeout) from exc
             except (http.client.HTTPException, OSError) as exc:
                 if not self._may_resend(request, attempt):
                     reason = str(exc) or type(exc).__name__

@@ -3,7 +3,7 @@
 `RemoteEnv` (blocking) and `AsyncRemoteEnv` (``await``) are two thin shells
 around one `RemoteEnvProtocol`: it builds every request (route, JSON body,
 whether it is safe to send again) and decodes every reply (observations through
-the space codec, frames through `gym_sessions.client.frames`), so the two
+the space codec, frames through `gym_sessions.frames`), so the two
 clients cannot drift apart. The shells only move bytes.
 
 Which requests may be sent again after a lost reply (`Request.resendable`):
@@ -29,18 +29,16 @@ from typing import Any
 
 import gymnasium as gym
 
-from gym_sessions.client.frames import decode_frame
-from gym_sessions.errors import GymSessionsError
+from gym_sessions.errors import ConnectionLostError
+from gym_sessions.frames import decode_frame
 from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
 
 __all__ = [
     "WIRE_RENDER_MODES",
-    "ConnectionLostError",
     "EnvDescription",
     "RemoteEnvProtocol",
     "Reply",
     "Request",
-    "RequestTimeoutError",
 ]
 
 #: Render modes whose frames a client can receive. ``human`` would open a window
@@ -49,26 +47,6 @@ __all__ = [
 WIRE_RENDER_MODES = ("rgb_array", "depth_array", "ansi")
 
 CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
-
-
-class ConnectionLostError(GymSessionsError, ConnectionError):
-    """The connection broke after a request was sent and before its reply arrived.
-
-    The request may or may not have run on the server. Requests that are safe to
-    send again have been resent before this is raised.
-    """
-
-    def __init__(self, url: str, what: str, reason: str) -> None:
-        super().__init__(f"{what} to {url}: {reason}")
-        self.url = url
-
-
-class RequestTimeoutError(GymSessionsError, TimeoutError):
-    """No reply within the client's per-request timeout (after any safe resends)."""
-
-    def __init__(self, url: str, what: str, timeout: float) -> None:
-        super().__init__(f"no reply to {what} from {url} within {timeout:g} s")
-        self.url = url
 
 
 @dataclass(frozen=True)

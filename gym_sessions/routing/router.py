@@ -20,6 +20,7 @@ nothing, so ids, cookies, conflicts and lifetimes behave the same.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Collection
 
@@ -29,7 +30,9 @@ from gym_sessions import strict_json
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     BodyTooLargeError,
+    HeadersTooLargeError,
     HTTPError,
+    RequestTimeoutError,
     SessionConflictError,
     error_body,
     jsonrpc_error_body,
@@ -46,39 +49,49 @@ from gym_sessions.routing.session_ids import (
     route_path,
 )
 
-__all__ = ["WORKER_HEADER", "SessionRouter", "send_error"]
+__all__ = ["FORWARDED_BY_HEADER", "WORKER_HEADER", "SessionRouter", "send_error"]
 
 WORKER_HEADER = b"x-gym-worker"
+FORWARDED_BY_HEADER = b"x-gym-forwarded-by"
 
 
 class _ClientDisconnected(Exception):
     pass
 
 
+# A stalled body will not arrive: close the connection with the reply. (A body
+# that is too large still arrives; uvicorn reads and drops it, and closing early
+# would reset the connection before the client reads the 413.)
+_UNREAD_BODY_ERRORS = (RequestTimeoutError,)
+
+
 async def send_error(send: Send, error: HTTPError, *, jsonrpc: bool = False) -> None:
     """Reply with ``error``'s JSON body (as a JSON-RPC error object on JSON-RPC paths)."""
     body = jsonrpc_error_body(error) if jsonrpc else error_body(error)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": error.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if isinstance(error, _UNREAD_BODY_ERRORS):
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+async def _read_body(scope: Scope, receive: Receive, limit: int, stall_seconds: float) -> bytes:
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > limit:
             raise BodyTooLargeError(f"request body is larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        try:
+            async with asyncio.timeout(stall_seconds):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"the request body stalled for more than {stall_seconds:g} s"
+            ) from None
         if message["type"] == "http.disconnect":
             raise _ClientDisconnected
         chunk = message.get("body", b"")
@@ -90,6 +103,12 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _check_header_size(scope: Scope, limit: int) -> None:
+    size = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+    if size > limit:
+        raise HeadersTooLargeError(f"request headers add up to more than {limit} bytes")
 
 
 class SessionRouter:
@@ -107,8 +126,11 @@ class SessionRouter:
             recorded the close).
         jsonrpc_paths: Paths whose errors are JSON-RPC error objects (MCP).
         max_body_bytes: Larger bodies get 413.
+        max_header_bytes: Larger header sections get 431.
+        body_read_timeout_seconds: A body stalled longer than this gets 408.
         debug_worker_header: Add ``x-gym-worker: <worker id>`` to every reply
-            this worker's app produced (for benchmarks and debugging).
+            this worker's app produced, and ``x-gym-forwarded-by: <worker id>``
+            to every reply this worker forwarded (for benchmarks and debugging).
     """
 
     def __init__(
@@ -122,6 +144,8 @@ class SessionRouter:
         start_paths: Collection[str],
         close_paths: Collection[str],
         max_body_bytes: int,
+        max_header_bytes: int = 64 * 1024,
+        body_read_timeout_seconds: float = 60.0,
         jsonrpc_paths: Collection[str] = (),
         debug_worker_header: bool = False,
     ) -> None:
@@ -137,13 +161,18 @@ class SessionRouter:
             (WORKER_HEADER, claims.worker_id.encode()) if debug_worker_header else None
         )
         self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
+        self.body_read_timeout_seconds = body_read_timeout_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         try:
-            body = await _read_body(scope, receive, self.max_body_bytes)
+            _check_header_size(scope, self.max_header_bytes)
+            body = await _read_body(
+                scope, receive, self.max_body_bytes, self.body_read_timeout_seconds
+            )
             routed = self._find_session(scope, body)
         except _ClientDisconnected:
             return
@@ -195,6 +224,8 @@ class SessionRouter:
 
     async def _forward(self, owner: str, scope: Scope, body: bytes, send: Send) -> None:
         assert self.forwarder is not None
+        if self.worker_header is not None:
+            send = _with_header(send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
             await self.forwarder.forward(owner, scope, body, send)
         except HTTPError as error:
@@ -246,6 +277,15 @@ class SessionRouter:
         finally:
             if held:
                 claims.leave(sid)
+
+
+def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
+    async def send_with_header(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), header]
+        await send(message)
+
+    return send_with_header
 
 
 def _claimed_elsewhere(session_id: str) -> SessionConflictError:

@@ -42,6 +42,8 @@ class _Reply:
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
+        self.keep_alive = False
+        self.parser: Any = None
         self.complete = False
         self.chunks: list[bytes] = []
 
@@ -50,6 +52,8 @@ class _Reply:
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        # httptools answers this only while the message is being parsed.
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
@@ -150,7 +154,7 @@ class StreamForwarder:
             connection.writer.write(body)  # no copy of a large body
         await connection.writer.drain()
         reply = _Reply()
-        parser = httptools.HttpResponseParser(reply)
+        parser = reply.parser = httptools.HttpResponseParser(reply)
         while not reply.headers_done:
             data = await connection.reader.read(_READ_SIZE)
             if not data:
@@ -185,7 +189,7 @@ class StreamForwarder:
             # connection is in an unknown state and is not reused.
             connection.close()
             raise
-        if parser.should_keep_alive():
+        if reply.keep_alive:
             self._release(worker_id, connection)
         else:
             connection.close()

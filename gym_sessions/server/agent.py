@@ -92,6 +92,9 @@ class AgentServer(SessionServer):
 
     # Hooks -------------------------------------------------------------------------------
 
+    def check_run(self, body: dict[str, Any]) -> None:
+        """Refuse a ``/run`` body this agent cannot play (raise `InvalidRequestError`)."""
+
     def make_policy(self, body: dict[str, Any], spaces: dict[str, Any]) -> Policy:
         """The policy for one ``/run`` (``spaces`` is the env server's ``/spaces``)."""
         raise NotImplementedError
@@ -140,6 +143,7 @@ class AgentServer(SessionServer):
 
     async def _run_route(self, request: Request) -> JSONResponse:
         body = RUN_BODY.validate(await read_json(request))
+        self.check_run(body)
         return JSONResponse(await self.run_episode(body))
 
     async def run_episode(self, body: dict[str, Any]) -> dict[str, Any]:

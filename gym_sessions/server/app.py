@@ -126,6 +126,8 @@ class WorkerApp:
             close_paths=server.close_paths,
             jsonrpc_paths=server.jsonrpc_paths,
             max_body_bytes=settings.max_body_bytes,
+            max_header_bytes=settings.max_header_bytes,
+            body_read_timeout_seconds=settings.body_read_timeout_seconds,
             debug_worker_header=settings.debug_worker_header,
         )
         self._background: list[asyncio.Task[None]] = []

@@ -16,20 +16,33 @@ from gym_sessions import strict_json
 from gym_sessions.errors import InvalidJSONError, InvalidRequestError
 from gym_sessions.routing.request_session import REQUEST_SESSION_KEY
 
-__all__ = ["BodySchema", "Field", "read_json"]
+__all__ = ["BodySchema", "Field", "integer_list", "read_json"]
+
+
+def _is_finite_number(value: Any) -> bool:
+    """A JSON number a float can hold: no bool, no NaN or infinity, no 10**400."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
 
 _CHECKS = {
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: (
-        (isinstance(v, int | float) and not isinstance(v, bool))
-        and not (isinstance(v, float) and not math.isfinite(v))
-    ),
+    "number": lambda v: _is_finite_number(v),
     "string": lambda v: isinstance(v, str),
     "boolean": lambda v: isinstance(v, bool),
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
     "null": lambda v: v is None,
 }
+
+
+def integer_list(value: Any) -> bool:
+    """Whether ``value`` is a list of JSON integers."""
+    return isinstance(value, list) and all(_CHECKS["integer"](item) for item in value)
 
 
 @dataclass(frozen=True)

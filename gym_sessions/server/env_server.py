@@ -4,7 +4,7 @@
 starts a new episode on the same instance; a start body's ``render_mode``
 makes the session's env with that mode), ``/step`` is the tool call,
 ``/render`` replies the session's frame as raw bytes
-(`gym_sessions.client.frames`), ``/verify`` scores the episode (the env's own
+(`gym_sessions.frames`), ``/verify`` scores the episode (the env's own
 ``verify()`` when it has one, else the episode return) and ``/close_session``
 calls ``env.close()`` once.
 """
@@ -22,13 +22,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gym_sessions.client.frames import encode_frame
 from gym_sessions.errors import (
     EnvError,
     InvalidRequestError,
     NoOpenEpisodeError,
     SessionClosedError,
 )
+from gym_sessions.frames import encode_frame
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.resources import ResourcesServer, session_id
 from gym_sessions.server.tools import Tool

@@ -28,8 +28,10 @@ from gym_sessions.errors import (
     HTTPError,
     InvalidRequestError,
     InvalidTokenError,
+    MethodNotAllowedError,
     SessionConflictError,
     SessionGoneError,
+    error_body,
     jsonrpc_error_body,
 )
 from gym_sessions.routing.session_ids import SESSION_TOKEN_HEADER
@@ -94,7 +96,11 @@ class McpEndpoint:
 
     async def handle(self, request: Request) -> Response:
         if request.method != "POST":
-            return Response(status_code=405, headers={"Allow": "POST"})
+            # Stateless: no stream to open with GET, no session to end with DELETE.
+            error = MethodNotAllowedError(f"{request.method} is not allowed on {MCP_PATH}")
+            return Response(
+                error_body(error), 405, headers={"Allow": "POST"}, media_type="application/json"
+            )
         try:
             message = strict_json.loads(await request.body())
         except ValueError as exc:
@@ -133,10 +139,15 @@ class McpEndpoint:
         }
 
     async def _call(self, request: Request, request_id: Any, params: dict[str, Any]) -> Response:
-        tool = self._tools.get(params.get("name"))  # type: ignore[arg-type]
+        name = params.get("name")
+        tool = self._tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            return _error(request_id, INVALID_PARAMS, f"unknown tool: {params.get('name')!r}")
-        arguments = params.get("arguments") or {}
+            return _error(request_id, INVALID_PARAMS, f"unknown tool: {name!r}")
+        arguments = params.get("arguments")
+        if arguments is None:
+            arguments = {}
+        elif not isinstance(arguments, dict):
+            return _error(request_id, INVALID_PARAMS, "arguments must be an object")
         try:
             self._check_token(request)
             arguments = tool.arguments.validate(arguments)

@@ -175,16 +175,20 @@ class ResourcesServer(SessionServer):
 
 def aggregate_verify_responses(responses: list[Any]) -> dict[str, Any]:
     """Means of the numeric fields of ``/verify`` replies (reward, episode_return, ...)."""
-    totals: dict[str, float] = {}
+    means: dict[str, float] = {}
     counts: dict[str, int] = {}
     for item in responses:
         if not isinstance(item, dict):
             raise InvalidRequestError("verify_responses must be a list of objects")
         for key, value in item.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                totals[key] = totals.get(key, 0.0) + value
-                counts[key] = counts.get(key, 0) + 1
-    return {
-        "count": len(responses),
-        **{f"mean_{key}": totals[key] / counts[key] for key in totals},
-    }
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            try:
+                number = float(value)
+            except OverflowError:
+                raise InvalidRequestError(f"{key} = {value} is too large for a float") from None
+            counts[key] = counts.get(key, 0) + 1
+            # A running mean cannot overflow where a sum of large values would.
+            mean = means.get(key, 0.0)
+            means[key] = mean + (number - mean) / counts[key]
+    return {"count": len(responses), **{f"mean_{key}": mean for key, mean in means.items()}}

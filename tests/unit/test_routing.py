@@ -573,6 +573,8 @@ async def test_debug_worker_header_names_the_worker_that_ran_the_handler(cluster
     assert start.headers["x-gym-worker"] == c[0].id
     routed = await c[1].request("POST", "/touch", cookie=start.cookie)
     assert routed.headers.getall("x-gym-worker") == [c[0].id]
+    assert routed.headers.getall("x-gym-forwarded-by") == [c[1].id]
+    assert "x-gym-forwarded-by" not in start.headers
     local = await c[1].request("GET", "/nothing")
     assert local.headers["x-gym-worker"] == c[1].id
     quiet = await cluster(1)
@@ -595,11 +597,15 @@ async def test_streamed_reply_arrives_whole_through_the_hop(cluster, transport):
 async def test_http_transport_reuses_pooled_connections(cluster):
     c = await cluster(2, forward_transport="http")
     start = await c[0].request("POST", "/seed_session", {})
+    pool = c[1].app.forwarder._idle
+    seen = set()
     for _ in range(30):
         reply = await c[1].request("POST", "/touch", cookie=start.cookie)
         assert reply.json["worker"] == c[0].id
-    # Sequential forwards share one kept-alive connection to the claimant.
-    assert len(c[0].app._listener._state.connections) == 1
+        # Sequential forwards share one kept-alive connection to the claimant.
+        assert len(pool[c[0].id]) == 1
+        seen.add(id(pool[c[0].id][0]))
+    assert len(seen) == 1
 
 
 async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster):
@@ -611,3 +617,28 @@ async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster):
     for _ in range(5):
         ok = await c[1].request("POST", "/touch", cookie=start.cookie)
         assert ok.status == 200 and ok.json["worker"] == c[0].id
+
+
+async def test_stalled_body_gets_408_and_keeps_no_claim(cluster):
+    c = await cluster(2, body_read_timeout_seconds=0.3)
+    reader, writer = await asyncio.open_unix_connection(c[1].public_path)
+    body = b'{"resources_session_id": "stalled"}'
+    writer.write(
+        b"POST /seed_session HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body[:10]
+    )
+    await writer.drain()
+    reply = await asyncio.wait_for(reader.read(), 5)  # the server closes the connection
+    writer.close()
+    assert reply.startswith(b"HTTP/1.1 408 ")
+    assert b'"request_timeout"' in reply
+    assert c.claim_count() == 0
+
+
+async def test_oversized_headers_get_431(cluster):
+    c = await cluster(2, max_header_bytes=4096)
+    reply = await c[1].request("GET", "/health", headers={"X-Pad": "p" * 5000})
+    assert reply.status == 431
+    assert reply.json["error"]["code"] == "headers_too_large"
+    assert (await c[1].request("GET", "/health", headers={"X-Pad": "p" * 3000})).status == 200
