@@ -1,0 +1,169 @@
+"""Steps per second of N remote CartPole sessions: `RemoteVectorEnv` vs `AsyncVectorEnv`.
+
+Against one ``gym-sessions serve CartPole-v1 --workers 4`` server:
+
+- ``make_vec``: ``gymnasium.make_vec("gym_sessions/Remote-v0", num_envs=N)``, one
+  process, one event loop thread, N kept-alive connections (N = 1, 8, 64);
+- ``AsyncVectorEnv``: ``make_vec(..., vectorization_mode="async")``, one
+  process per `RemoteEnv` (N = 1, 8, and 64 unless ``--no-async-64``).
+
+Rounds interleave the configurations (order rotated each round); each cell
+is the median over rounds of (N x vector steps) / seconds, creation excluded.
+Random actions, NEXT_STEP autoreset (CartPole episodes end every ~20 steps, so
+about 5% of sub-env steps are resets). Run from the repository root:
+
+    .venv/bin/python benchmarks/vector_throughput.py [--rounds 5]
+
+Prints a Markdown table and writes benchmarks/results/vector_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
+from gym_sessions.server_process import start_server
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results", "vector_throughput.json")
+WORKERS = 4
+# Vector steps per measurement: about a second or two each on 2 cores.
+VECTOR_STEPS = {1: 1500, 8: 400, 64: 60}
+WARMUP_STEPS = 10
+
+
+def measure(url: str, mode: str, n: int, seed: int) -> dict[str, float]:
+    """One measurement: create, reset, warm up, time ``VECTOR_STEPS[n]`` steps, close."""
+    started = time.perf_counter()
+    if mode == "make_vec":
+        envs = gym.make_vec("gym_sessions/Remote-v0", num_envs=n, url=url)
+    else:
+        envs = gym.make_vec(
+            "gym_sessions/Remote-v0", num_envs=n, vectorization_mode="async", url=url
+        )
+    try:
+        created = time.perf_counter() - started
+        envs.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        actions = rng.integers(0, 2, size=(WARMUP_STEPS + VECTOR_STEPS[n], n))
+        for row in actions[:WARMUP_STEPS]:
+            envs.step(row)
+        cpu = time.process_time()
+        started = time.perf_counter()
+        for row in actions[WARMUP_STEPS:]:
+            envs.step(row)
+        seconds = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+    finally:
+        envs.close()
+    steps = n * VECTOR_STEPS[n]
+    return {
+        "steps_per_second": steps / seconds,
+        "seconds": seconds,
+        "create_seconds": created,
+        # The calling process only (AsyncVectorEnv's workers are not counted).
+        "caller_cpu_us_per_step": cpu / steps * 1e6,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-async-64", action="store_true", help="skip AsyncVectorEnv N=64")
+    args = parser.parse_args()
+
+    configs = [("make_vec", 1), ("make_vec", 8), ("make_vec", 64)]
+    configs += [("AsyncVectorEnv", 1), ("AsyncVectorEnv", 8)]
+    notes: list[str] = []
+    if args.no_async_64:
+        notes.append("AsyncVectorEnv N=64 skipped (--no-async-64)")
+    else:
+        configs.append(("AsyncVectorEnv", 64))
+
+    runs: dict[str, list[dict[str, float]]] = {f"{m} N={n}": [] for m, n in configs}
+    load_before = os.getloadavg()
+    with start_server("CartPole-v1", workers=WORKERS) as server:
+        for round_ in range(args.rounds):
+            shift = round_ % len(configs)
+            for mode, n in configs[shift:] + configs[:shift]:
+                key = f"{mode} N={n}"
+                if key not in runs:
+                    continue
+                try:
+                    result = measure(server.url, mode, n, seed=round_)
+                except Exception as exc:  # e.g. 64 processes too heavy for the machine
+                    notes.append(f"{key} skipped in round {round_}: {type(exc).__name__}: {exc}")
+                    del runs[key]
+                    continue
+                runs[key].append(result)
+                print(f"round {round_} {key}: {result['steps_per_second']:.0f} steps/s", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    for (mode, n), key in zip(configs, [f"{m} N={n}" for m, n in configs], strict=True):
+        if key not in runs:
+            continue
+        rates = [r["steps_per_second"] for r in runs[key]]
+        rows.append(
+            {
+                "client": mode,
+                "num_envs": n,
+                "median_steps_per_second": statistics.median(rates),
+                "min": min(rates),
+                "max": max(rates),
+                "median_create_seconds": statistics.median(r["create_seconds"] for r in runs[key]),
+                "median_caller_cpu_us_per_step": statistics.median(
+                    r["caller_cpu_us_per_step"] for r in runs[key]
+                ),
+                "rounds": runs[key],
+            }
+        )
+
+    print(
+        f"\nCartPole-v1 on {WORKERS} workers, {args.rounds} interleaved rounds, "
+        f"{os.cpu_count()} cpus, load average before {load_before[0]:.2f}\n"
+    )
+    print("| client | N | steps/s (median) | min - max | create s | caller CPU us/step |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['client']} | {row['num_envs']} | {row['median_steps_per_second']:.0f} | "
+            f"{row['min']:.0f} - {row['max']:.0f} | {row['median_create_seconds']:.2f} | "
+            f"{row['median_caller_cpu_us_per_step']:.0f} |"
+        )
+    for note in notes:
+        print(f"\nnote: {note}")
+
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as file:
+        json.dump(
+            {
+                "env": "CartPole-v1",
+                "workers": WORKERS,
+                "rounds": args.rounds,
+                "vector_steps": VECTOR_STEPS,
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "load_average_before": load_before,
+                    "load_average_after": os.getloadavg(),
+                },
+                "rows": rows,
+                "notes": notes,
+            },
+            file,
+            indent=2,
+        )
+        file.write("\n")
+    print(f"\nwrote {os.path.relpath(RESULTS)}")
+
+
+if __name__ == "__main__":
+    main()
