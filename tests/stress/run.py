@@ -100,6 +100,8 @@ def main() -> None:
     print(format_table(rows))
     print(f"\nall checks passed: {all(r.ok for r in rows)}; {total:.0f} s in all")
     name = "stress.json" if args.scale == "full" else "stress_small.json"
+    if args.env_workers != 4:
+        name = name.replace(".json", f"_{args.env_workers}workers.json")
     path = os.path.normpath(os.path.join(RESULTS_DIR, name))
     with open(path, "w") as file:
         json.dump(
