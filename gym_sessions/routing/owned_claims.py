@@ -122,11 +122,6 @@ class OwnedClaims:
             claim.open = False
             claim.release_when_idle = True
 
-    def is_open(self, session_id: str) -> bool:
-        """Whether a claimed session is marked open."""
-        claim = self._claims.get(session_id)
-        return claim is not None and claim.open
-
     def sweep(self) -> list[str]:
         """End every claim whose window has passed; returns the ended session ids."""
         deadline = self._clock() - self.window
