@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from gym_sessions.errors import StartupError
+from gym_sessions.routing.forwarder import FORWARD_TRANSPORTS
 from gym_sessions.settings import Settings
 
 __all__ = ["main"]
@@ -122,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument(
         "--forward-transport",
-        choices=["http", "aiohttp"],
+        choices=FORWARD_TRANSPORTS,
         default="http",
         help="how a worker forwards a request to the session's worker (default http)",
     )

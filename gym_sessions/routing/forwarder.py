@@ -1,17 +1,24 @@
 """The hop: hand a request to the worker that claims its session, and its reply back.
 
-The request goes over the claimant's private Unix socket unchanged (method,
-raw path, query, headers less hop-by-hop ones, the body already read) and the
-reply streams back unchanged. Two transports implement `Forwarder`:
+The request goes to the claimant unchanged (method, raw path, query, headers
+less hop-by-hop ones, ``content-length`` set anew, the body already read) and
+the reply streams back unchanged. Three transports implement `Forwarder`:
 
 - ``http`` (`StreamForwarder`, the default): plain HTTP/1.1 written and parsed
-  by hand on a pool of persistent Unix-socket connections per claimant;
+  by hand on a pool of persistent connections per claimant to its private
+  uvicorn socket, ``<runtime dir>/workers/<id>.sock``;
 - ``aiohttp`` (`AiohttpForwarder`): the reference design, one aiohttp client
-  per claimant, kept for comparison.
+  per claimant on the same socket, kept for comparison;
+- ``frames`` (`FrameForwarder`): no HTTP on either side; the scope's fields,
+  headers and body go as length-prefixed frames (`frames_protocol`) to the
+  claimant's `FrameListener` on ``<runtime dir>/workers/<id>.asgi``, and the
+  reply's ASGI messages come back the same way. Measured within a few
+  percent of ``http`` (``benchmarks/routing_cost.py``), so not the default.
 
-Both speak HTTP to the claimant's private uvicorn listener, so the socket stays
-usable for debugging: ``curl --unix-socket <runtime dir>/workers/<id>.sock
-http://worker/health``. A claimant whose socket refuses connections is gone:
+Every routed worker listens on its HTTP private socket, and with ``frames``
+also on its frames socket; the HTTP one stays usable for debugging:
+``curl --unix-socket <runtime dir>/workers/<id>.sock http://worker/health``. A
+claimant whose socket refuses connections or is gone is gone:
 `SessionGoneError` (410).
 """
 
@@ -37,7 +44,7 @@ __all__ = [
     "request_target",
 ]
 
-FORWARD_TRANSPORTS = ("http", "aiohttp")
+FORWARD_TRANSPORTS = ("http", "aiohttp", "frames")
 
 HOP_BY_HOP_HEADERS = frozenset(
     {
@@ -109,4 +116,8 @@ def make_forwarder(transport: str, runtime_dir: RuntimeDirectory) -> Forwarder:
         from gym_sessions.routing.aiohttp_forwarder import AiohttpForwarder
 
         return AiohttpForwarder(runtime_dir)
+    if transport == "frames":
+        from gym_sessions.routing.frame_forwarder import FrameForwarder
+
+        return FrameForwarder(runtime_dir)
     raise ValueError(f"unknown forward transport {transport!r}; use one of {FORWARD_TRANSPORTS}")

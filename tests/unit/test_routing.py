@@ -5,15 +5,23 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import stat
 
 import pytest
 
+from gym_sessions.errors import BadGatewayError, SessionGoneError
 from gym_sessions.routing.claim_store import FileClaimStore
+from gym_sessions.routing.frame_forwarder import FrameForwarder
+from gym_sessions.routing.frame_listener import FrameListener
+from gym_sessions.routing.frames_protocol import frame_socket_path
+from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
+from gym_sessions.routing.runtime_dir import RuntimeDirectory
 
 from .cluster import Cluster, new_id, send, start_cluster, wait_until
 from .probe_server import ProbeServer
 
 WINDOW = 1.0
+TRANSPORTS = ["http", "aiohttp", "frames"]
 STARTS = ("/seed_session", "/reset", "/blind_start")
 
 
@@ -48,7 +56,7 @@ async def test_typed_start_is_claimed_by_the_worker_that_served_it(cluster, star
     assert c.credentials.decode_cookie(reply.cookie)["session_id"] == sid
 
 
-@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(
     "source",
     ["cookie", "token", "mcp_token", "typed_seed", "typed_reset", "typed_close", "rollout_cookie"],
@@ -95,7 +103,7 @@ async def test_each_id_source_routes_to_the_claimant(cluster, source, transport)
         assert c[0].server.released == [sid]
 
 
-@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_state_is_never_split_across_workers(cluster, transport):
     c = await cluster(4, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
@@ -257,7 +265,7 @@ async def test_malformed_typed_id_gets_400(cluster):
 # Forwarding -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_forwarded_request_keeps_method_path_query_headers_and_body(cluster, transport):
     c = await cluster(2, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
@@ -301,7 +309,7 @@ async def test_request_over_a_private_socket_is_handled_where_it_arrives(cluster
         assert refused.status == 409
 
 
-@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_typed_seed_with_9_mib_of_task_data_reaches_its_claimant(cluster, transport):
     c = await cluster(2, max_body_bytes=16 * 1024 * 1024, forward_transport=transport)
     sid = new_id()
@@ -324,21 +332,25 @@ async def test_body_over_the_limit_gets_413(cluster):
 # Worker death -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("how", ["socket_removed", "socket_refuses"])
 async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
     c = await cluster(3, forward_transport=transport)
     sid = new_id()
     start = await c[1].request("POST", "/seed_session", {"resources_session_id": sid})
     other = await c[2].request("POST", "/seed_session", {})
-    path = c.runtime_dir.socket_path(c[1].id)
+    paths = [c.runtime_dir.socket_path(c[1].id)]
     await c[1].listener.stop()
     await c[1].app._listener.stop()
-    stale = None
+    if transport == "frames":
+        paths.append(frame_socket_path(c.runtime_dir, c[1].id))
+        await c[1].app._frame_listener.stop()
+    stale = []
     if how == "socket_refuses":
-        # A killed worker leaves its socket file behind; connecting is refused.
-        stale = socket.socket(socket.AF_UNIX)
-        stale.bind(path)
+        # A killed worker leaves its socket files behind; connecting is refused.
+        for path in paths:
+            stale.append(socket.socket(socket.AF_UNIX))
+            stale[-1].bind(path)
     try:
         for accepting in (c[0], c[2]):
             for method, route, kwargs in (
@@ -376,8 +388,8 @@ async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
         # The claim stays until the server exits.
         assert c.claim_owner(sid) == c[1].id
     finally:
-        if stale is not None:
-            stale.close()
+        for sock in stale:
+            sock.close()
 
 
 # Lifetimes (window 0.4 s; the sweep ends claims with no further request) ---------------------
@@ -581,7 +593,7 @@ async def test_debug_worker_header_names_the_worker_that_ran_the_handler(cluster
     assert "x-gym-worker" not in (await quiet[0].request("GET", "/nothing")).headers
 
 
-@pytest.mark.parametrize("transport", ["http", "aiohttp"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_streamed_reply_arrives_whole_through_the_hop(cluster, transport):
     c = await cluster(2, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
@@ -594,8 +606,9 @@ async def test_streamed_reply_arrives_whole_through_the_hop(cluster, transport):
     assert "chunked" in routed.headers.get("transfer-encoding", "")
 
 
-async def test_http_transport_reuses_pooled_connections(cluster):
-    c = await cluster(2, forward_transport="http")
+@pytest.mark.parametrize("transport", ["http", "frames"])
+async def test_pooled_transport_reuses_its_connections(cluster, transport):
+    c = await cluster(2, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
     pool = c[1].app.forwarder._idle
     seen = set()
@@ -608,8 +621,9 @@ async def test_http_transport_reuses_pooled_connections(cluster):
     assert len(seen) == 1
 
 
-async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster):
-    c = await cluster(2, forward_transport="http")
+@pytest.mark.parametrize("transport", ["http", "frames"])
+async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster, transport):
+    c = await cluster(2, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
     headers = {"Cookie": f"gym_session={start.cookie}"}
     async with c[1].client.get("http://w/stream?n=200", headers=headers) as reply:
@@ -617,6 +631,137 @@ async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster):
     for _ in range(5):
         ok = await c[1].request("POST", "/touch", cookie=start.cookie)
         assert ok.status == 200 and ok.json["worker"] == c[0].id
+
+
+def http_scope(method: str, path: str, query: bytes = b"", cookie: str | None = None) -> dict:
+    """A scope as the public listener would build it."""
+    headers = [(b"host", b"worker"), (b"connection", b"keep-alive")]
+    if cookie:
+        headers.append((b"cookie", f"gym_session={cookie}".encode()))
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "client": ("10.1.2.3", 40000),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
+    }
+
+
+@pytest.mark.parametrize("transport", ["http", "frames"])
+async def test_caller_leaving_mid_reply_closes_that_connection(cluster, transport):
+    c = await cluster(2, forward_transport=transport)
+    start = await c[0].request("POST", "/seed_session", {})
+    forwarder = c[1].app.forwarder
+
+    async def leaving_send(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            raise OSError("the client left")
+
+    scope = http_scope("GET", "/stream", b"n=200", start.cookie)
+    with pytest.raises(OSError, match="the client left"):
+        await forwarder.forward(c[0].id, scope, b"", leaving_send)
+    assert not forwarder._idle.get(c[0].id)
+    if transport == "frames":
+        # The claimant's app saw the disconnect and stopped streaming.
+        assert await wait_until(lambda: not c[0].app._frame_listener.tasks)
+    for _ in range(3):
+        ok = await c[1].request("POST", "/touch", cookie=start.cookie)
+        assert ok.status == 200 and ok.json["worker"] == c[0].id
+
+
+async def test_frames_socket_is_private_and_removed_on_stop(cluster):
+    c = await cluster(2, forward_transport="frames")
+    path = frame_socket_path(c.runtime_dir, c[0].id)
+    mode = os.stat(path).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    await c[0].app._frame_listener.stop()
+    assert not os.path.exists(path)
+    single = await cluster(1, forward_transport="frames")
+    assert single.runtime_dir is None and single[0].app._frame_listener is None
+    # Other transports leave nothing at that path.
+    http = await cluster(2, forward_transport="http")
+    assert not os.path.exists(frame_socket_path(http.runtime_dir, http[0].id))
+
+
+async def test_frames_hop_gives_the_claimant_a_private_scope_and_reports_failures(short_tmp):
+    runtime = RuntimeDirectory.create(short_tmp)
+    seen: list[dict] = []
+
+    async def app(scope, receive, send) -> None:
+        seen.append(scope)
+        body = (await receive())["body"]
+        if scope["path"] == "/raise":
+            raise RuntimeError("failed before the reply")
+        await send({"type": "http.response.start", "status": 201, "headers": [(b"X-A", b"1")]})
+        if scope["path"] == "/half":
+            raise RuntimeError("failed mid-reply")
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b"!", "more_body": False})
+        if scope["path"] == "/linger":
+            await asyncio.sleep(0.3)  # work after the reply, as background tasks do
+
+    listener = FrameListener(app, frame_socket_path(runtime, "w"), max_body_bytes=2_000_000)
+    await listener.start()
+    forwarder = FrameForwarder(runtime)
+    try:
+
+        async def forward(path: str, body: bytes = b"") -> list[dict]:
+            messages: list[dict] = []
+
+            async def send(message: dict) -> None:
+                messages.append(message)
+
+            await forwarder.forward("w", http_scope("PUT", path, b"q=%2F"), body, send)
+            return messages
+
+        echoed = await forward("/r%C3%A9", b"abc")
+        assert echoed[0] == {
+            "type": "http.response.start",
+            "status": 201,
+            "headers": [(b"x-a", b"1")],
+        }
+        assert b"".join(m["body"] for m in echoed[1:]) == b"abc!"
+        scope = seen[-1]
+        assert scope[PRIVATE_SCOPE_KEY] is True
+        assert (scope["method"], scope["path"], scope["raw_path"]) == (
+            "PUT",
+            "/r%C3%A9",
+            b"/r%C3%A9",
+        )
+        assert scope["query_string"] == b"q=%2F"
+        assert scope["client"] == ("10.1.2.3", 40000)
+        # Hop-by-hop headers stay behind; the length is set anew, as over HTTP.
+        assert scope["headers"] == [(b"host", b"worker"), (b"content-length", b"3")]
+        large = os.urandom(1_500_000)
+        assert b"".join(m["body"] for m in (await forward("/big", large))[1:]) == large + b"!"
+
+        failed = await forward("/raise")
+        assert failed[0]["status"] == 500
+        with pytest.raises(EOFError):
+            await forward("/half")
+        with pytest.raises(BadGatewayError):  # larger than the listener takes
+            await forward("/too_big", b"x" * 2_000_001)
+        assert not forwarder._idle["w"]  # connections whose reply broke were not kept
+        assert (await forward("/linger"))[0]["status"] == 201
+        # The next request reuses the connection while the last app call still runs.
+        assert (await forward("/again"))[0]["status"] == 201
+        assert len(forwarder._idle["w"]) == 1
+        assert len(listener.tasks) == 1
+        await listener.stop()
+        with pytest.raises(SessionGoneError):
+            await forward("/gone")
+    finally:
+        await forwarder.close()
+        await listener.stop()
+        runtime.remove()
 
 
 async def test_stalled_body_gets_408_and_keeps_no_claim(cluster):
