@@ -2,21 +2,22 @@
 
 The request goes to the claimant unchanged (method, raw path, query, headers
 less hop-by-hop ones, ``content-length`` set anew, the body already read) and
-the reply streams back unchanged. Three transports implement `Forwarder`:
+the reply streams back unchanged. Two transports implement `Forwarder`:
 
 - ``http`` (`StreamForwarder`, the default): plain HTTP/1.1 written and parsed
   by hand on a pool of persistent connections per claimant to its private
   uvicorn socket, ``<runtime dir>/workers/<id>.sock``;
 - ``aiohttp`` (`AiohttpForwarder`): the reference design, one aiohttp client
-  per claimant on the same socket, kept for comparison;
-- ``frames`` (`FrameForwarder`): no HTTP on either side; the scope's fields,
-  headers and body go as length-prefixed frames (`frames_protocol`) to the
-  claimant's `FrameListener` on ``<runtime dir>/workers/<id>.asgi``, and the
-  reply's ASGI messages come back the same way. Measured within a few
-  percent of ``http`` (``benchmarks/routing_cost.py``), so not the default.
+  per claimant on the same socket, kept for comparison.
 
-Every routed worker listens on its HTTP private socket, and with ``frames``
-also on its frames socket; the HTTP one stays usable for debugging:
+A third, handing the ASGI scope and body over as frames without HTTP on either
+side, measured 0.97-1.02x the ``http`` hop's latency (commit "Experiment: a
+framed ASGI hop"; ``benchmarks/results/routing_cost.json``): the HTTP parsing
+it skips is already C (httptools), so it was removed rather than kept as a
+second shipped hop.
+
+Every routed worker listens on its HTTP private socket, which stays usable for
+debugging:
 ``curl --unix-socket <runtime dir>/workers/<id>.sock http://worker/health``. A
 claimant whose socket refuses connections or is gone is gone:
 `SessionGoneError` (410).
@@ -44,7 +45,7 @@ __all__ = [
     "request_target",
 ]
 
-FORWARD_TRANSPORTS = ("http", "aiohttp", "frames")
+FORWARD_TRANSPORTS = ("http", "aiohttp")
 
 HOP_BY_HOP_HEADERS = frozenset(
     {
@@ -116,8 +117,4 @@ def make_forwarder(transport: str, runtime_dir: RuntimeDirectory) -> Forwarder:
         from gym_sessions.routing.aiohttp_forwarder import AiohttpForwarder
 
         return AiohttpForwarder(runtime_dir)
-    if transport == "frames":
-        from gym_sessions.routing.frame_forwarder import FrameForwarder
-
-        return FrameForwarder(runtime_dir)
     raise ValueError(f"unknown forward transport {transport!r}; use one of {FORWARD_TRANSPORTS}")

@@ -4,8 +4,7 @@ The stack, outside in: `SessionRouter` (the routing rule), then
 `SessionCookieMiddleware` (``request.session`` and the cookie), then the
 Starlette app with the server's routes, bare and under ``/rollouts/{id}/``.
 With several workers and routing on, the app also runs the worker's private
-listener (and, with the ``frames`` transport, its frames listener) and claim
-sweep from its lifespan.
+listener and claim sweep from its lifespan.
 """
 
 from __future__ import annotations
@@ -34,8 +33,6 @@ from gym_sessions.errors import (
 )
 from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
 from gym_sessions.routing.forwarder import Forwarder, make_forwarder
-from gym_sessions.routing.frame_listener import FrameListener
-from gym_sessions.routing.frames_protocol import frame_socket_path
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.private_listener import PrivateListener
 from gym_sessions.routing.router import SessionRouter
@@ -135,13 +132,12 @@ class WorkerApp:
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
-        self._frame_listener: FrameListener | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
 
     async def startup(self) -> None:
-        """Start the claim sweep and, when routing, the private listeners."""
+        """Start the claim sweep and, when routing, the private listener."""
         self._background = [
             asyncio.create_task(self.claims.run_sweeper()),
             asyncio.create_task(self.server.background()),
@@ -149,21 +145,10 @@ class WorkerApp:
         if self.runtime_dir is not None:
             self._listener = PrivateListener(self, self.runtime_dir.socket_path(self.worker_id))
             await self._listener.start()
-            # Workers share one settings object: with another transport nobody
-            # would connect, and a server writes only the sockets it uses.
-            if self.settings.forward_transport == "frames":
-                self._frame_listener = FrameListener(
-                    self,
-                    frame_socket_path(self.runtime_dir, self.worker_id),
-                    max_body_bytes=self.settings.max_body_bytes,
-                )
-                await self._frame_listener.start()
         logger.debug("worker %s started", self.worker_id)
 
     async def shutdown(self) -> None:
         """Stop listening privately, stop the sweep, and release this worker's sessions."""
-        if self._frame_listener is not None:
-            await self._frame_listener.stop()
         if self._listener is not None:
             await self._listener.stop()
         for task in self._background:

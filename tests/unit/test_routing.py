@@ -5,23 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import stat
 
 import pytest
 
-from gym_sessions.errors import BadGatewayError, SessionGoneError
 from gym_sessions.routing.claim_store import FileClaimStore
-from gym_sessions.routing.frame_forwarder import FrameForwarder
-from gym_sessions.routing.frame_listener import FrameListener
-from gym_sessions.routing.frames_protocol import frame_socket_path
-from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
 
 from .cluster import Cluster, new_id, send, start_cluster, wait_until
 from .probe_server import ProbeServer
 
 WINDOW = 1.0
-TRANSPORTS = ["http", "aiohttp", "frames"]
+TRANSPORTS = ["http", "aiohttp"]
 STARTS = ("/seed_session", "/reset", "/blind_start")
 
 
@@ -342,9 +335,6 @@ async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
     paths = [c.runtime_dir.socket_path(c[1].id)]
     await c[1].listener.stop()
     await c[1].app._listener.stop()
-    if transport == "frames":
-        paths.append(frame_socket_path(c.runtime_dir, c[1].id))
-        await c[1].app._frame_listener.stop()
     stale = []
     if how == "socket_refuses":
         # A killed worker leaves its socket files behind; connecting is refused.
@@ -606,7 +596,7 @@ async def test_streamed_reply_arrives_whole_through_the_hop(cluster, transport):
     assert "chunked" in routed.headers.get("transfer-encoding", "")
 
 
-@pytest.mark.parametrize("transport", ["http", "frames"])
+@pytest.mark.parametrize("transport", ["http"])
 async def test_pooled_transport_reuses_its_connections(cluster, transport):
     c = await cluster(2, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
@@ -621,7 +611,7 @@ async def test_pooled_transport_reuses_its_connections(cluster, transport):
     assert len(seen) == 1
 
 
-@pytest.mark.parametrize("transport", ["http", "frames"])
+@pytest.mark.parametrize("transport", ["http"])
 async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster, transport):
     c = await cluster(2, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
@@ -655,7 +645,7 @@ def http_scope(method: str, path: str, query: bytes = b"", cookie: str | None = 
     }
 
 
-@pytest.mark.parametrize("transport", ["http", "frames"])
+@pytest.mark.parametrize("transport", ["http"])
 async def test_caller_leaving_mid_reply_closes_that_connection(cluster, transport):
     c = await cluster(2, forward_transport=transport)
     start = await c[0].request("POST", "/seed_session", {})
@@ -669,99 +659,9 @@ async def test_caller_leaving_mid_reply_closes_that_connection(cluster, transpor
     with pytest.raises(OSError, match="the client left"):
         await forwarder.forward(c[0].id, scope, b"", leaving_send)
     assert not forwarder._idle.get(c[0].id)
-    if transport == "frames":
-        # The claimant's app saw the disconnect and stopped streaming.
-        assert await wait_until(lambda: not c[0].app._frame_listener.tasks)
     for _ in range(3):
         ok = await c[1].request("POST", "/touch", cookie=start.cookie)
         assert ok.status == 200 and ok.json["worker"] == c[0].id
-
-
-async def test_frames_socket_is_private_and_removed_on_stop(cluster):
-    c = await cluster(2, forward_transport="frames")
-    path = frame_socket_path(c.runtime_dir, c[0].id)
-    mode = os.stat(path).st_mode
-    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
-    await c[0].app._frame_listener.stop()
-    assert not os.path.exists(path)
-    single = await cluster(1, forward_transport="frames")
-    assert single.runtime_dir is None and single[0].app._frame_listener is None
-    # Other transports leave nothing at that path.
-    http = await cluster(2, forward_transport="http")
-    assert not os.path.exists(frame_socket_path(http.runtime_dir, http[0].id))
-
-
-async def test_frames_hop_gives_the_claimant_a_private_scope_and_reports_failures(short_tmp):
-    runtime = RuntimeDirectory.create(short_tmp)
-    seen: list[dict] = []
-
-    async def app(scope, receive, send) -> None:
-        seen.append(scope)
-        body = (await receive())["body"]
-        if scope["path"] == "/raise":
-            raise RuntimeError("failed before the reply")
-        await send({"type": "http.response.start", "status": 201, "headers": [(b"X-A", b"1")]})
-        if scope["path"] == "/half":
-            raise RuntimeError("failed mid-reply")
-        await send({"type": "http.response.body", "body": body, "more_body": True})
-        await send({"type": "http.response.body", "body": b"!", "more_body": False})
-        if scope["path"] == "/linger":
-            await asyncio.sleep(0.3)  # work after the reply, as background tasks do
-
-    listener = FrameListener(app, frame_socket_path(runtime, "w"), max_body_bytes=2_000_000)
-    await listener.start()
-    forwarder = FrameForwarder(runtime)
-    try:
-
-        async def forward(path: str, body: bytes = b"") -> list[dict]:
-            messages: list[dict] = []
-
-            async def send(message: dict) -> None:
-                messages.append(message)
-
-            await forwarder.forward("w", http_scope("PUT", path, b"q=%2F"), body, send)
-            return messages
-
-        echoed = await forward("/r%C3%A9", b"abc")
-        assert echoed[0] == {
-            "type": "http.response.start",
-            "status": 201,
-            "headers": [(b"x-a", b"1")],
-        }
-        assert b"".join(m["body"] for m in echoed[1:]) == b"abc!"
-        scope = seen[-1]
-        assert scope[PRIVATE_SCOPE_KEY] is True
-        assert (scope["method"], scope["path"], scope["raw_path"]) == (
-            "PUT",
-            "/r%C3%A9",
-            b"/r%C3%A9",
-        )
-        assert scope["query_string"] == b"q=%2F"
-        assert scope["client"] == ("10.1.2.3", 40000)
-        # Hop-by-hop headers stay behind; the length is set anew, as over HTTP.
-        assert scope["headers"] == [(b"host", b"worker"), (b"content-length", b"3")]
-        large = os.urandom(1_500_000)
-        assert b"".join(m["body"] for m in (await forward("/big", large))[1:]) == large + b"!"
-
-        failed = await forward("/raise")
-        assert failed[0]["status"] == 500
-        with pytest.raises(EOFError):
-            await forward("/half")
-        with pytest.raises(BadGatewayError):  # larger than the listener takes
-            await forward("/too_big", b"x" * 2_000_001)
-        assert not forwarder._idle["w"]  # connections whose reply broke were not kept
-        assert (await forward("/linger"))[0]["status"] == 201
-        # The next request reuses the connection while the last app call still runs.
-        assert (await forward("/again"))[0]["status"] == 201
-        assert len(forwarder._idle["w"]) == 1
-        assert len(listener.tasks) == 1
-        await listener.stop()
-        with pytest.raises(SessionGoneError):
-            await forward("/gone")
-    finally:
-        await forwarder.close()
-        await listener.stop()
-        runtime.remove()
 
 
 async def test_stalled_body_gets_408_and_keeps_no_claim(cluster):
