@@ -60,8 +60,9 @@ HOP_BY_HOP_HEADERS = frozenset(
         b"upgrade",
     }
 )
-# The body travels whole, so its length is set anew.
-_NOT_FORWARDED = HOP_BY_HOP_HEADERS | {b"content-length"}
+# The body travels whole, so its length is set anew, and the accepting worker
+# already answered any ``Expect: 100-continue``.
+_NOT_FORWARDED = HOP_BY_HOP_HEADERS | {b"content-length", b"expect"}
 
 
 class Forwarder(Protocol):

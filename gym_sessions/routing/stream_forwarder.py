@@ -33,6 +33,7 @@ __all__ = ["StreamForwarder"]
 
 _READ_SIZE = 256 * 1024
 _MAX_IDLE_PER_CLAIMANT = 64
+_BROKEN = (OSError, EOFError, httptools.HttpParserError)
 _JOIN_BELOW = 64 * 1024
 
 
@@ -124,7 +125,7 @@ class StreamForwarder:
         connection, reused = await self._connect(worker_id)
         try:
             reply, parser = await self._exchange(connection, head, body)
-        except (OSError, EOFError, httptools.HttpParserError) as exc:
+        except _BROKEN as exc:
             connection.close()
             if (
                 reused
@@ -136,12 +137,19 @@ class StreamForwarder:
                 connection, _ = await self._connect(worker_id)
                 try:
                     reply, parser = await self._exchange(connection, head, body)
-                except (OSError, EOFError, httptools.HttpParserError) as retry_exc:
+                except _BROKEN as retry_exc:
                     connection.close()
                     raise await self._failure(worker_id, retry_exc) from retry_exc
             else:
                 raise await self._failure(worker_id, exc) from exc
-        await self._stream_reply(worker_id, connection, reply, parser, send)
+        except BaseException:
+            connection.close()  # cancelled mid-exchange: the connection's state is unknown
+            raise
+        if 100 <= parser.get_status_code() < 200:
+            # Interim replies cannot come (Expect is not forwarded); never pool after one.
+            connection.close()
+            raise BadGatewayError(f"worker {worker_id} sent an interim reply")
+        await self._stream_reply(worker_id, connection, reply, parser, send, scope["method"])
 
     async def _exchange(
         self, connection: _Connection, head: bytes, body: bytes
@@ -163,7 +171,13 @@ class StreamForwarder:
         return reply, parser
 
     async def _stream_reply(
-        self, worker_id: str, connection: _Connection, reply: _Reply, parser: Any, send: Send
+        self,
+        worker_id: str,
+        connection: _Connection,
+        reply: _Reply,
+        parser: Any,
+        send: Send,
+        method: str,
     ) -> None:
         await send(
             {
@@ -172,6 +186,9 @@ class StreamForwarder:
                 "headers": reply_headers(reply.headers),
             }
         )
+        # A reply to HEAD has no body, whatever its content-length says; the
+        # parser does not know the method, so it would wait for one.
+        reply.complete = reply.complete or method == "HEAD"
         try:
             while True:
                 chunk = reply.take_chunks()

@@ -687,3 +687,31 @@ async def test_oversized_headers_get_431(cluster):
     assert reply.status == 431
     assert reply.json["error"]["code"] == "headers_too_large"
     assert (await c[1].request("GET", "/health", headers={"X-Pad": "p" * 3000})).status == 200
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_expect_100_continue_is_answered_here_and_not_forwarded(cluster, transport):
+    # Forwarded, it would make the claimant send an interim 100 that a hop could
+    # take for the reply, leaving the real reply in a pooled connection.
+    c = await cluster(2, forward_transport=transport)
+    start = await c[0].request("POST", "/seed_session", {})
+    headers = {"Cookie": f"gym_session={start.cookie}"}
+    async with c[1].client.post(
+        "http://w/echo", json={"pad": "x" * 100_000}, headers=headers, expect100=True
+    ) as reply:
+        data = await reply.json()
+    assert reply.status == 200
+    assert data["worker"] == c[0].id
+    assert "expect" not in dict(map(tuple, data["headers"]))
+
+
+async def test_forwarded_head_returns_its_connection_to_the_pool(cluster):
+    # The reply to HEAD has a content-length and no body: a hop that waited for
+    # the body would hold the connection (and the client's) for good.
+    c = await cluster(2, forward_transport="http")
+    start = await c[0].request("POST", "/seed_session", {})
+    headers = {"Cookie": f"gym_session={start.cookie}"}
+    async with c[1].client.head("http://w/echo", headers=headers) as reply:
+        assert reply.status == 200
+    pool = c[1].app.forwarder._idle
+    assert await wait_until(lambda: len(pool.get(c[0].id, ())) == 1, within=2)
