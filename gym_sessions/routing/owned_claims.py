@@ -107,6 +107,15 @@ class OwnedClaims:
             claim.open = False
             claim.idle_since = self._clock()
 
+    def drop_unclaimed_state(self, session_id: str) -> None:
+        """Run the release hooks for a session this worker served but could not claim.
+
+        A handler may have created state for it before another worker's claim
+        turned the reply into a 409; nothing would ever release that state.
+        """
+        if session_id not in self._claims:
+            self._run_release_hooks(session_id)
+
     def release_now(self, session_id: str) -> None:
         """End the claim at once, or as soon as its last in-flight request is done.
 
@@ -137,6 +146,9 @@ class OwnedClaims:
     def _release(self, session_id: str) -> None:
         del self._claims[session_id]
         self.store.remove(session_id)
+        self._run_release_hooks(session_id)
+
+    def _run_release_hooks(self, session_id: str) -> None:
         for hook in self._release_hooks:
             try:
                 hook(session_id)
@@ -148,4 +160,7 @@ class OwnedClaims:
         interval = min(1.0, max(0.02, self.window / 10))
         while True:
             await asyncio.sleep(interval)
-            self.sweep()
+            try:
+                self.sweep()
+            except Exception:  # a failing store must not stop every later sweep
+                logger.exception("sweeping expired claims failed")

@@ -266,6 +266,7 @@ class SessionRouter:
                         held = True
                     else:
                         refused = True
+                        claims.drop_unclaimed_state(sid)
                         await self._send_error(scope, send, _claimed_elsewhere(sid))
                         return
             if self.worker_header is not None and message["type"] == "http.response.start":

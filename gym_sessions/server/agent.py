@@ -251,7 +251,10 @@ class AgentServer(SessionServer):
         try:
             while True:
                 await asyncio.sleep(min(1.0, max(0.02, self.window / 10)))
-                await self._expire_records()
+                try:
+                    await self._expire_records()
+                except Exception:  # keep expiring later records
+                    logger.exception("expiring agent records failed")
         finally:
             if self._http is not None:
                 await self._http.close()

@@ -153,7 +153,8 @@ class WorkerApp:
             await self._listener.stop()
         for task in self._background:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # A background task that failed must not keep the rest from closing.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self.forwarder is not None:
             await self.forwarder.close()

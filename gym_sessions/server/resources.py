@@ -21,7 +21,8 @@ from starlette.routing import BaseRoute, Route
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import InvalidRequestError, SessionClosedError
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.session_ids import RESOURCES_SOURCES, SessionIdSources
+from gym_sessions.routing.request_session import request_session
+from gym_sessions.routing.session_ids import RESOURCES_SOURCES, IdSource, SessionIdSources
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
@@ -130,6 +131,9 @@ class ResourcesServer(SessionServer):
             if sid in self.closed:
                 raise SessionClosedError(f"session {sid!r} was closed; start a new session id")
             reply = await self.start_session(sid, body, path)
+            if sid in self.closed:  # closed while the start awaited
+                self.release_session(sid)
+                raise SessionClosedError(f"session {sid!r} was closed while it started")
             self.claims.mark_open(sid)
             return JSONResponse(
                 {
@@ -154,6 +158,11 @@ class ResourcesServer(SessionServer):
 
     async def _close_route(self, request: Request) -> JSONResponse:
         CLOSE_BODY.validate(await read_json(request))
+        if request_session(request.scope).source is IdSource.MINTED:
+            raise InvalidRequestError(
+                "a close must name its session: the session cookie, the session token "
+                "or resources_session_id"
+            )
         sid = session_id(request)
         return JSONResponse({"resources_session_id": sid, "outcome": self._end(sid)})
 

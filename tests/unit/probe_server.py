@@ -45,6 +45,8 @@ class ProbeServer(ResourcesServer):
         self.task_sizes[sid] = len(body.get("task", ""))
         if body.get("fail"):
             raise EnvError("start failed on purpose")
+        if body.get("slow"):
+            await asyncio.sleep(float(body["slow"]))
         return {"worker": self.worker, "task_size": self.task_sizes[sid]}
 
     async def verify_session(self, sid: str, body: dict[str, Any]) -> dict:

@@ -211,6 +211,9 @@ async def test_id_claimed_elsewhere_while_served_gets_409(cluster):
     assert reply.status == 409
     assert reply.json["error"]["code"] == "session_conflict"
     assert reply.set_cookies == []
+    # The state the refused handler created is released, not left without a claim.
+    assert sid not in c[1].server.counts
+    assert c[1].server.released == [sid]
 
 
 async def test_sessions_minted_on_two_workers_at_once_are_distinct(cluster):
@@ -715,3 +718,32 @@ async def test_forwarded_head_returns_its_connection_to_the_pool(cluster):
         assert reply.status == 200
     pool = c[1].app.forwarder._idle
     assert await wait_until(lambda: len(pool.get(c[0].id, ())) == 1, within=2)
+
+
+async def test_close_without_a_session_is_refused_and_claims_nothing(cluster):
+    c = await cluster(2)
+    reply = await c[1].request("POST", "/close_session", {})
+    assert reply.status == 400
+    assert reply.json["error"]["code"] == "invalid_request"
+    assert reply.set_cookies == []
+    assert c.claim_count() == 0
+
+
+async def test_start_that_awaits_while_its_session_closes_is_refused(cluster):
+    c = await cluster(2)
+    sid = new_id()
+    start, close = await asyncio.gather(
+        c[0].request("POST", "/seed_session", {"resources_session_id": sid, "slow": 0.3}),
+        _after(0.1, c[1].request("POST", "/close_session", {"resources_session_id": sid})),
+    )
+    assert close.json["outcome"] == "closed"
+    assert start.status == 409
+    assert start.json["error"]["code"] == "session_closed"
+    assert sid not in c[0].server.counts
+    # Not left open: the claim ends a window after the last request.
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+
+
+async def _after(seconds: float, coroutine):
+    await asyncio.sleep(seconds)
+    return await coroutine
