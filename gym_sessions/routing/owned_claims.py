@@ -65,6 +65,11 @@ class OwnedClaims:
         """Call ``hook(session_id)`` whenever a claim of this worker ends."""
         self._release_hooks.append(hook)
 
+    def holds(self, session_id: str) -> bool:
+        """Whether this worker holds the claim and means to keep it past this request."""
+        claim = self._claims.get(session_id)
+        return claim is not None and not claim.release_when_idle
+
     def owner(self, session_id: str) -> str | None:
         """The worker that claims ``session_id``: this one from memory, others from the store."""
         if session_id in self._claims:

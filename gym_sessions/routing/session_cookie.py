@@ -2,10 +2,12 @@
 
 The router has already verified the cookie and chosen the session id; this
 middleware puts that id into ``request.session`` and decides whether the reply
-names the session in a ``Set-Cookie``: a session start always does; another
-request does when its handler used the session and the reply is not an error;
-and any request whose handler changed the session data does. So no cookie ever
-names a session that nobody claims.
+names the session in a ``Set-Cookie``: a session start does while this worker
+holds its claim (an agent seed that created nothing gives its claim up, so its
+reply names nothing); on servers whose sessions start on use, another request
+does when its handler used the session and the reply is not an error (the
+router claims it then); and a request whose handler changed the session data
+does.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_sessions.credentials import SessionCredentials
+from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.request_session import SessionData, request_session
 from gym_sessions.routing.session_ids import IdSource
 
@@ -27,12 +30,17 @@ class SessionCookieMiddleware:
         app: The app.
         credentials: Signs the cookie.
         cookie_key: The key of the session id in the cookie data.
+        claims: This worker's claims: a start whose claim is being given up (an
+            agent seed that created nothing) names no session.
     """
 
-    def __init__(self, app: ASGIApp, credentials: SessionCredentials, cookie_key: str) -> None:
+    def __init__(
+        self, app: ASGIApp, credentials: SessionCredentials, cookie_key: str, claims: OwnedClaims
+    ) -> None:
         self.app = app
         self.credentials = credentials
         self.cookie_key = cookie_key
+        self.claims = claims
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,7 +56,9 @@ class SessionCookieMiddleware:
         async def send_with_cookie(message: Message) -> None:
             if message["type"] == "http.response.start":
                 ok = message["status"] < 400
-                announce = routed.claims_first or (routed.claims_on_use and data.accessed and ok)
+                announce = (routed.claims_first and self.claims.holds(routed.session_id)) or (
+                    routed.claims_on_use and data.accessed and ok
+                )
                 if data.modified or (announce and not already_named):
                     headers = MutableHeaders(scope=message)
                     headers.append(

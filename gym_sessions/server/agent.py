@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -81,6 +82,7 @@ class AgentServer(SessionServer):
         self._failed: dict[str, _FailedSeed] = {}
         self._http: aiohttp.ClientSession | None = None
         self._spaces: dict[str, dict[str, Any]] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @property
     def start_paths(self) -> tuple[str, ...]:
@@ -181,9 +183,28 @@ class AgentServer(SessionServer):
             "verify": verified,
         }
 
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, sid: str) -> AsyncIterator[None]:
+        """Seeds and closes of one id run one after another: their hooks may await."""
+        lock, users = self._locks.get(sid, (asyncio.Lock(), 0))
+        self._locks[sid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[sid]
+            if users == 1:
+                del self._locks[sid]
+            else:
+                self._locks[sid] = (lock, users - 1)
+
     async def _seed_route(self, request: Request) -> JSONResponse:
         body = SEED_BODY.validate(await read_json(request))
         sid = self.session_id(request)
+        async with self._one_at_a_time(sid):
+            return await self._seed(sid, body)
+
+    async def _seed(self, sid: str, body: dict[str, Any]) -> JSONResponse:
         if sid in self._receipts:
             raise SessionClosedError(f"agent session {sid!r} was closed")
         if sid in self.agent_sessions:
@@ -222,9 +243,8 @@ class AgentServer(SessionServer):
     async def _close_route(self, request: Request) -> JSONResponse:
         CLOSE_BODY.validate(await read_json(request))
         sid = self.session_id(request)
-        receipt = self._receipts.get(sid)
-        if receipt is None:
-            receipt = await self._close(sid)
+        async with self._one_at_a_time(sid):
+            receipt = self._receipts.get(sid) or await self._close(sid)
         return JSONResponse(receipt[0])
 
     async def _close(self, sid: str) -> tuple[dict[str, Any], float]:

@@ -117,7 +117,9 @@ class WorkerApp:
             lifespan=self._lifespan,
         )
         self.app = SessionRouter(
-            SessionCookieMiddleware(starlette, self.credentials, server.sources.cookie_key),
+            SessionCookieMiddleware(
+                starlette, self.credentials, server.sources.cookie_key, self.claims
+            ),
             sources=server.sources,
             credentials=self.credentials,
             claims=self.claims,

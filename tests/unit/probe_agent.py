@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -23,6 +24,8 @@ class ProbeAgent(AgentServer):
         super().__init__()
         self.closed_states: list[str] = []
         self.close_failures = 0
+        self.seed_delay = 0.0
+        self.seeded: list[str] = []
 
     @property
     def worker(self) -> str:
@@ -31,6 +34,9 @@ class ProbeAgent(AgentServer):
     async def seed_agent_session(self, sid: str, body: dict[str, Any]) -> Any:
         if body.get("nothing"):
             return None
+        if self.seed_delay:
+            await asyncio.sleep(self.seed_delay)  # a hook that awaits, as real ones do
+        self.seeded.append(sid)
         return {"n": 0, "refuse": body.get("refuse", False), "close_fails": body.get("close_fails")}
 
     def register_agent_session(self, sid: str, state: Any) -> None:

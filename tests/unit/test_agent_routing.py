@@ -166,3 +166,20 @@ async def test_agent_sessions_work_with_one_worker(agents):
     assert (await c[0].request("POST", "/bump", cookie=seeded.cookie)).json["n"] == 1
     closed = await c[0].request("POST", "/v1/agent_sessions/close", {"agent_session_id": sid})
     assert closed.json["n"] == 1
+
+
+async def test_seed_that_creates_nothing_sets_no_cookie(agents):
+    c = await agents(2)
+    reply = await seed(c[1], new_id(), nothing=True)
+    assert reply.status == 200
+    assert reply.set_cookies == []
+
+
+async def test_concurrent_seeds_of_one_id_create_one_state(agents):
+    c = await agents(2)
+    sid = new_id()
+    for worker in c.workers:
+        worker.server.seed_delay = 0.2
+    replies = await asyncio.gather(*[seed(c[i % 2], sid) for i in range(4)])
+    assert sorted(r.json["created"] for r in replies) == [False, False, False, True]
+    assert [s for w in c.workers for s in w.server.seeded] == [sid]
