@@ -3,7 +3,8 @@
 The cookie uses Starlette's ``SessionMiddleware`` encoding (base64 JSON signed by
 an itsdangerous ``TimestampSigner``), so the router can read the session id
 from it before any middleware runs. Tokens are ``{"sid": ...}`` signed with the
-same secret under their own salt, so a cookie can never pass as a token.
+same secret under their own salt, so a cookie can never pass as a token. Both
+expire after `COOKIE_MAX_AGE_SECONDS` (14 days), like Starlette's cookie.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class SessionCredentials:
     def __init__(self, secret: str, cookie_name: str) -> None:
         self.cookie_name = cookie_name
         self._cookie_signer = itsdangerous.TimestampSigner(secret)
-        self._token_serializer = itsdangerous.URLSafeSerializer(secret, salt=_TOKEN_SALT)
+        self._token_serializer = itsdangerous.URLSafeTimedSerializer(secret, salt=_TOKEN_SALT)
 
     def encode_cookie(self, data: dict[str, Any]) -> str:
         """The cookie value carrying ``data``."""
@@ -55,9 +56,9 @@ class SessionCredentials:
         return self._token_serializer.dumps({"sid": session_id})
 
     def read_token(self, token: str) -> str | None:
-        """The session id of a token, or ``None`` if it is not one of ours."""
+        """The session id of a token, or ``None`` if it is not one of ours or has expired."""
         try:
-            data = self._token_serializer.loads(token)
+            data = self._token_serializer.loads(token, max_age=COOKIE_MAX_AGE_SECONDS)
         except itsdangerous.BadData:
             return None
         sid = data.get("sid") if isinstance(data, dict) else None
