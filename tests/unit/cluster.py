@@ -41,6 +41,16 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def count_call(request_id: int) -> dict[str, Any]:
+    """A JSON-RPC ``tools/call`` of the probe server's ``count`` tool."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": "count", "arguments": {}},
+    }
+
+
 @dataclass
 class Reply:
     status: int

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from .cluster import Cluster, new_id, start_cluster, wait_until
+from .cluster import Cluster, new_id, wait_until
 from .probe_agent import ProbeAgent
 
 WINDOW = 1.0
@@ -15,18 +15,12 @@ COOKIE = "gym_session"
 
 
 @pytest.fixture
-async def agents(short_tmp):
-    made: list[Cluster] = []
-
+def agents(start_clusters):
     async def make(n: int = 3, **kw) -> Cluster:
         kw.setdefault("session_close_retry_window_seconds", WINDOW)
-        c = await start_cluster(ProbeAgent, n, short_tmp, **kw)
-        made.append(c)
-        return c
+        return await start_clusters(ProbeAgent, n, **kw)
 
-    yield make
-    for c in made:
-        await c.stop()
+    return make
 
 
 async def seed(worker, sid, **flags):

@@ -10,7 +10,7 @@ import pytest
 
 from gym_sessions.routing.claim_store import FileClaimStore
 
-from .cluster import Cluster, new_id, send, start_cluster, wait_until
+from .cluster import Cluster, count_call, new_id, send, wait_until
 from .probe_server import ProbeServer
 
 WINDOW = 1.0
@@ -19,19 +19,13 @@ STARTS = ("/seed_session", "/reset", "/blind_start")
 
 
 @pytest.fixture
-async def cluster(short_tmp):
-    made: list[Cluster] = []
-
+def cluster(start_clusters):
     async def make(n: int = 3, **kw) -> Cluster:
         kw.setdefault("session_close_retry_window_seconds", WINDOW)
         kw.setdefault("checkpoint_session_starts", STARTS)
-        c = await start_cluster(ProbeServer, n, short_tmp, **kw)
-        made.append(c)
-        return c
+        return await start_clusters(ProbeServer, n, **kw)
 
-    yield make
-    for c in made:
-        await c.stop()
+    return make
 
 
 # Session id sources ------------------------------------------------------------------------
@@ -69,12 +63,7 @@ async def test_each_id_source_routes_to_the_claimant(cluster, source, transport)
                 "POST", "/touch", headers={"X-Gym-Session-Token": token}
             )
         elif source == "mcp_token":
-            call = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "tools/call",
-                "params": {"name": "count", "arguments": {}},
-            }
+            call = count_call(1)
             token = c.credentials.mint_token(sid)
             reply = await accepting.request(
                 "POST", "/mcp", call, headers={"X-Gym-Session-Token": token}
@@ -156,7 +145,7 @@ async def test_start_whose_handler_never_reads_the_session_is_claimed(cluster):
         (
             "POST",
             "/mcp",
-            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "count"}},
+            count_call(1),
         ),
     ],
 )
@@ -362,12 +351,7 @@ async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
                 assert reply.status == 410, (route, reply.json)
                 assert reply.json["error"]["code"] == "session_gone"
             # Over MCP the same refusal is a JSON-RPC error object.
-            call = {
-                "jsonrpc": "2.0",
-                "id": 3,
-                "method": "tools/call",
-                "params": {"name": "count", "arguments": {}},
-            }
+            call = count_call(3)
             token = c.credentials.mint_token(sid)
             reply = await accepting.request(
                 "POST", "/mcp", call, headers={"X-Gym-Session-Token": token}
