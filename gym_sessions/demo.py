@@ -170,6 +170,13 @@ def _print_batch(result: BatchResult) -> None:
     print(f"  wall time   {result.seconds:.2f} s ({rate:.1f} episodes/s)", flush=True)
 
 
+def _start(target: str, workers: int) -> ServerProcess:
+    try:
+        return start_server(target, workers=workers)
+    except RuntimeError as exc:
+        raise StartupError(f"the demo's {target} server did not start: {exc}") from exc
+
+
 def run_demo(workers: int, episodes: int, concurrency: int) -> int:
     """Serve the counter env with ``workers`` workers and score ``episodes`` episodes twice.
 
@@ -187,31 +194,22 @@ def run_demo(workers: int, episodes: int, concurrency: int) -> int:
     ]
     tasks = _random_tasks(episodes, random.Random())
     results: list[BatchResult] = []
-    with _exit_on_sigterm():
-        try:
-            server = start_server(TARGET, workers=workers)
-        except RuntimeError as exc:
-            raise StartupError(f"the demo server did not start: {exc}") from exc
-        with server:
-            print(f"server   {' '.join(server.process.args)}")  # type: ignore[arg-type]
-            print(f"url      {server.url}")
-            print(f"workers  {workers}")
-            print(f"clients  {concurrency} threads of gymnasium.make('gym_sessions/Remote-v0')")
-            for title, keep_alive in batches:
-                play = functools.partial(_run_episode, server.url, keep_alive=keep_alive)
-                results.append(_score(title, tasks, concurrency, play))
-                _print_batch(results[-1])
-            print(f"\n{_worker_spread(server)}")
-            try:
-                agent = start_server(AGENT_TARGET, workers=workers)
-            except RuntimeError as exc:
-                raise StartupError(f"the demo agent server did not start: {exc}") from exc
-            with agent:
-                print(f"\nagent    {' '.join(agent.process.args)}")  # type: ignore[arg-type]
-                title = "the same tasks through the counter agent's /run (agent and env routed)"
-                play = functools.partial(_run_with_agent, agent.url, server.url)
-                results.append(_score(title, tasks, concurrency, play))
-                _print_batch(results[-1])
+    with _exit_on_sigterm(), _start(TARGET, workers) as server:
+        print(f"server   {' '.join(server.process.args)}")  # type: ignore[arg-type]
+        print(f"url      {server.url}")
+        print(f"workers  {workers}")
+        print(f"clients  {concurrency} threads of gymnasium.make('gym_sessions/Remote-v0')")
+        for title, keep_alive in batches:
+            play = functools.partial(_run_episode, server.url, keep_alive=keep_alive)
+            results.append(_score(title, tasks, concurrency, play))
+            _print_batch(results[-1])
+        print(f"\n{_worker_spread(server)}")
+        with _start(AGENT_TARGET, workers) as agent:
+            print(f"\nagent    {' '.join(agent.process.args)}")  # type: ignore[arg-type]
+            title = "the same tasks through the counter agent's /run (agent and env routed)"
+            play = functools.partial(_run_with_agent, agent.url, server.url)
+            results.append(_score(title, tasks, concurrency, play))
+            _print_batch(results[-1])
     total = sum(result.episodes for result in results)
     failed = total - sum(result.perfect for result in results)
     if failed:

@@ -6,11 +6,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .subprocesses import run_module
 
 pytestmark = pytest.mark.e2e
 
@@ -32,26 +33,8 @@ def make_nothing():
 def run_cli(tmpdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``python -m gym_sessions ARGS`` in ``tmpdir`` (cwd and TMPDIR); stop it by PID."""
     env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gym_sessions", *args],
-        cwd=tmpdir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=TIMEOUT_SECONDS)
-    finally:
-        if process.poll() is None:
-            # It started serving instead of failing: stop it (and its workers) cleanly.
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate(timeout=5)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    code, stdout, stderr = run_module(*args, timeout=TIMEOUT_SECONDS, cwd=tmpdir, env=env)
+    return subprocess.CompletedProcess(args, code, stdout, stderr)
 
 
 @pytest.fixture
