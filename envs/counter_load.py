@@ -170,4 +170,4 @@ async def play_over_mcp(client: aiohttp.ClientSession, url: str, episode: Episod
 
 def claim_owner(runtime_dir: str, session_id: str) -> str | None:
     """The worker id in a session's claim file, or ``None``."""
-    return FileClaimStore(RuntimeDirectory(runtime_dir).claims_dir, "reader").read(session_id)
+    return FileClaimStore(RuntimeDirectory(runtime_dir).claims_dir, "reader").read_now(session_id)

@@ -25,6 +25,10 @@ With --workers > 1 every request of a session is routed to the worker that
 created the session (over that worker's private Unix socket), so per-session
 state is safe with any number of workers. --no-routing turns that off: only
 for servers that keep no per-session state.
+
+Several hosts behind one load balancer: run the same command on each host with
+--claims redis://HOST:PORT/DB, one --secret for all, and --private-host set to
+an address the other hosts can reach; requests between hosts are signed.
 """
 
 
@@ -55,9 +59,14 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
     from gym_sessions.server.worker import WORKER_ENV, app_from_environment, worker_environment
 
     load_target(target)  # fail here, with one clear line, rather than in every worker
+    if settings.redis_claims:
+        from gym_sessions.routing.redis_claims import check_redis
+
+        check_redis(settings.claims)
     sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
-    runtime_dir = RuntimeDirectory.create() if settings.routed else None
+    file_routed = settings.routed and not settings.redis_claims
+    runtime_dir = RuntimeDirectory.create() if file_routed else None
     if runtime_dir is not None:
         settings = settings.replace(runtime_dir=runtime_dir.path)
     os.environ[WORKER_ENV] = worker_environment(target, settings)
@@ -72,6 +81,8 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
     )
     shown_host = f"[{host}]" if ":" in host else host
     routing = "routed" if settings.routed else "not routed"
+    if settings.routed and settings.redis_claims:
+        routing += f" (claims in {_without_password(settings.claims)})"
     print(
         f"gym-sessions: serving {target} on http://{shown_host}:{port} "
         f"with {settings.workers} worker(s), sessions {routing}",
@@ -91,6 +102,12 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
         sock.close()
         if runtime_dir is not None:
             runtime_dir.remove()
+
+
+def _without_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    _, at, location = rest.rpartition("@")
+    return f"{scheme}{sep}***@{location}" if at else url
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,6 +145,20 @@ def _parser() -> argparse.ArgumentParser:
         help="how a worker forwards a request to the session's worker (default http)",
     )
     serve_cmd.add_argument(
+        "--claims",
+        default="file",
+        metavar="STORE",
+        help="claim store: 'file' (one host, default) or redis://HOST:PORT/DB for several "
+        "hosts behind a load balancer (needs --secret or $GYM_SESSIONS_SECRET, the same on "
+        "every host)",
+    )
+    serve_cmd.add_argument(
+        "--private-host",
+        default="127.0.0.1",
+        help="with Redis claims: the address other hosts reach this host's workers on "
+        "(each worker listens on a port of its own there; default 127.0.0.1)",
+    )
+    serve_cmd.add_argument(
         "--debug-worker-header",
         action="store_true",
         help="add x-gym-worker: <worker id> to replies (benchmarks, debugging)",
@@ -158,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 routes_sessions_to_owner=not args.no_routing,
                 debug_worker_header=args.debug_worker_header,
                 forward_transport=args.forward_transport,
+                claims=args.claims,
+                private_host=args.private_host,
                 **overrides,
             )
             serve(args.target, settings, args.log_level)

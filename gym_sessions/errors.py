@@ -36,8 +36,10 @@ from typing import Any, ClassVar
 __all__ = [
     "BadGatewayError",
     "BodyTooLargeError",
+    "ClaimsUnavailableError",
     "ConnectionLostError",
     "EnvError",
+    "ForbiddenError",
     "GymSessionsError",
     "HTTPError",
     "HeadersTooLargeError",
@@ -137,6 +139,10 @@ class MethodNotAllowedError(HTTPError):
     status, code = 405, "method_not_allowed"
 
 
+class ForbiddenError(HTTPError):
+    status, code = 403, "forbidden"
+
+
 class SessionConflictError(HTTPError):
     status, code = 409, "session_conflict"
 
@@ -171,6 +177,12 @@ class InternalServerError(HTTPError):
 
 class BadGatewayError(HTTPError):
     status, code = 502, "bad_gateway"
+
+
+class ClaimsUnavailableError(HTTPError):
+    """The claim store (Redis) cannot be reached: nobody can tell which worker holds a session."""
+
+    status, code = 503, "claims_unavailable"
 
 
 def _all_http_errors(cls: type[HTTPError]) -> list[type[HTTPError]]:

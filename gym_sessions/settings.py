@@ -17,10 +17,7 @@ SECRET_ENV = "GYM_SESSIONS_SECRET"
 _MIB = 1024 * 1024
 
 
-def _default_secret() -> str:
-    # Never a fixed default: an unset secret is random per server start, and the
-    # supervisor hands that one value to every worker.
-    return os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
+_CLAIM_STORES = ("file", "redis://", "rediss://", "unix://")
 
 
 @dataclass(frozen=True)
@@ -31,7 +28,11 @@ class Settings:
         host: Public listener address.
         port: Public listener port.
         workers: uvicorn worker processes sharing the public socket.
-        secret: Signs session cookies and MCP tokens.
+        secret: Signs session cookies and MCP tokens (and, with Redis claims,
+            requests forwarded between hosts). Unset: ``$GYM_SESSIONS_SECRET``,
+            else random per server start (the supervisor hands that one value
+            to every worker). With Redis claims every host must share one
+            secret, so an unset secret is refused.
         session_cookie: Name of the signed session cookie.
         session_close_retry_window_seconds: How long a session that is no longer
             open keeps its claim, and how long a closed id is remembered.
@@ -43,14 +44,17 @@ class Settings:
         body_read_timeout_seconds: A request body that stalls longer than this
             between two chunks gets 408 (a slow client cannot hold a worker's
             memory and a claim's in-flight count forever).
-        claims: Claim store; ``file`` is the only one so far.
+        claims: Claim store: ``file`` (one host: files in the runtime
+            directory) or a Redis URL ``redis://host:port/db`` (several hosts;
+            also ``rediss://`` and ``unix://``).
+        private_host: With Redis claims, the address each worker's private TCP
+            listener binds and registers (a port per worker, picked by the
+            system); other hosts must reach it there.
         timeout_keep_alive: Seconds an idle client connection stays open. RL
             clients think between steps, so this is longer than uvicorn's 5 s.
         forward_transport: How requests reach another worker: ``http`` (HTTP/1.1
-            on pooled persistent Unix-socket connections, the default),
-            ``aiohttp`` (the reference hop, kept for comparison) or ``frames``
-            (ASGI messages as length-prefixed frames, no HTTP; measured within
-            a few percent of ``http``).
+            on pooled persistent connections, the default) or ``aiohttp`` (the
+            reference hop over Unix sockets, kept for comparison; file claims only).
         debug_worker_header: Add ``x-gym-worker: <id>`` to replies, naming the
             worker that ran the handler (off by default; for benchmarks and debugging).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
@@ -59,7 +63,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1
-    secret: str = field(default_factory=_default_secret, repr=False)
+    secret: str = field(default="", repr=False)
     session_cookie: str = "gym_session"
     session_close_retry_window_seconds: float = 300.0
     routes_sessions_to_owner: bool = True
@@ -68,6 +72,7 @@ class Settings:
     max_header_bytes: int = 64 * 1024
     body_read_timeout_seconds: float = 60.0
     claims: str = "file"
+    private_host: str = "127.0.0.1"
     timeout_keep_alive: float = 120.0
     forward_transport: str = "http"
     debug_worker_header: bool = False
@@ -77,21 +82,51 @@ class Settings:
         if self.workers < 1:
             raise ValueError("workers must be at least 1")
         if not self.secret:
-            raise ValueError("secret must not be empty")
+            object.__setattr__(self, "secret", self._default_secret())
         if self.session_close_retry_window_seconds <= 0:
             raise ValueError("session_close_retry_window_seconds must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be positive")
         if self.forward_transport not in FORWARD_TRANSPORTS:
             raise ValueError(f"forward_transport must be one of {FORWARD_TRANSPORTS}")
-        if self.claims != "file":
-            raise ValueError(f"unknown claim store {self.claims!r}; only 'file' is supported")
+        if not self.claims.startswith(_CLAIM_STORES):
+            raise ValueError(
+                f"unknown claim store {self.claims!r}: use 'file' or a redis://host:port/db URL"
+            )
+        if self.redis_claims:
+            if self.forward_transport != "http":
+                raise ValueError("with Redis claims requests are forwarded over the 'http' hop")
+            if self.private_host in ("0.0.0.0", "::", ""):
+                raise ValueError(
+                    "private_host must be an address other hosts can reach, not a wildcard"
+                )
         object.__setattr__(self, "checkpoint_session_starts", tuple(self.checkpoint_session_starts))
+
+    def _default_secret(self) -> str:
+        secret = os.environ.get(SECRET_ENV)
+        if secret:
+            return secret
+        if self.redis_claims:
+            raise ValueError(
+                "with Redis claims every host must sign cookies and tokens with one secret: "
+                f"pass --secret or set {SECRET_ENV} (the same value on every host)"
+            )
+        # Never a fixed default: random per server start.
+        return secrets.token_urlsafe(32)
+
+    @property
+    def redis_claims(self) -> bool:
+        """Whether claims live in Redis (workers on several hosts)."""
+        return self.claims != "file"
 
     @property
     def routed(self) -> bool:
-        """Whether requests are routed between workers (several workers, routing on)."""
-        return self.workers > 1 and self.routes_sessions_to_owner
+        """Whether requests are routed between workers.
+
+        With file claims: several workers and routing on. With Redis claims
+        other hosts' workers exist too, so one worker routes as well.
+        """
+        return self.routes_sessions_to_owner and (self.workers > 1 or self.redis_claims)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied."""

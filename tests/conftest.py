@@ -9,7 +9,29 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from gym_sessions.local_services import RedisProcess, require
 from gym_sessions.server_process import ServerProcess, start_server
+
+
+def require_or_skip(program: str, package: str) -> None:
+    """Skip a test whose outside program is missing; on CI (``CI=true``) fail instead."""
+    try:
+        require(program, package)
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisProcess]:
+    """A fresh, empty ``redis-server`` on a free loopback port; stopped at teardown."""
+    require_or_skip("redis-server", "redis-server")
+    server = RedisProcess()
+    try:
+        yield server.start()
+    finally:
+        server.close()
 
 
 @pytest.fixture

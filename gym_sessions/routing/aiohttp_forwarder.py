@@ -16,11 +16,10 @@ from gym_sessions.errors import BadGatewayError
 from gym_sessions.routing.forwarder import (
     claimant_gone,
     forwarded_headers,
-    reachable,
     reply_headers,
     request_target,
 )
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.routing.worker_endpoints import UnixEndpoints
 
 __all__ = ["AiohttpForwarder"]
 # Idle pooled connections close before the private server would drop them
@@ -33,11 +32,12 @@ class AiohttpForwarder:
     """Forwards requests to other workers' private sockets with aiohttp.
 
     Args:
-        runtime_dir: The server's runtime directory, where private sockets live.
+        endpoints: The private sockets in the server's runtime directory.
     """
 
-    def __init__(self, runtime_dir: RuntimeDirectory) -> None:
-        self.socket_path = runtime_dir.socket_path
+    def __init__(self, endpoints: UnixEndpoints) -> None:
+        self.endpoints = endpoints
+        self.socket_path = endpoints.socket_path
         self._clients: dict[str, aiohttp.ClientSession] = {}
 
     def _client(self, worker_id: str) -> aiohttp.ClientSession:
@@ -93,7 +93,7 @@ class AiohttpForwarder:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             # Either the claimant died while serving, or the connection broke.
             await self._discard(worker_id)
-            if not await reachable(self.socket_path(worker_id)):
+            if not await self.endpoints.reachable(worker_id):
                 raise claimant_gone(worker_id) from exc
             raise BadGatewayError(f"forwarding to worker {worker_id} failed: {exc}") from exc
         async with response:

@@ -25,13 +25,15 @@ claimant whose socket refuses connections or is gone is gone:
 
 from __future__ import annotations
 
-import asyncio
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.types import Scope, Send
 
 from gym_sessions.errors import SessionGoneError
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+
+if TYPE_CHECKING:
+    from gym_sessions.routing.forward_signature import ForwardSigner
+    from gym_sessions.routing.worker_endpoints import WorkerEndpoints
 
 __all__ = [
     "FORWARD_TRANSPORTS",
@@ -40,7 +42,6 @@ __all__ = [
     "claimant_gone",
     "forwarded_headers",
     "make_forwarder",
-    "reachable",
     "reply_headers",
     "request_target",
 ]
@@ -60,9 +61,10 @@ HOP_BY_HOP_HEADERS = frozenset(
         b"upgrade",
     }
 )
-# The body travels whole, so its length is set anew, and the accepting worker
-# already answered any ``Expect: 100-continue``.
-_NOT_FORWARDED = HOP_BY_HOP_HEADERS | {b"content-length", b"expect"}
+# The body travels whole, so its length is set anew, the accepting worker
+# already answered any ``Expect: 100-continue``, and only the forwarding worker
+# may sign a request for a private listener.
+_NOT_FORWARDED = HOP_BY_HOP_HEADERS | {b"content-length", b"expect", b"x-gym-forward-signature"}
 
 
 class Forwarder(Protocol):
@@ -98,24 +100,22 @@ def claimant_gone(worker_id: str) -> SessionGoneError:
     return SessionGoneError(f"the worker that holds this session ({worker_id}) is gone")
 
 
-async def reachable(socket_path: str) -> bool:
-    """Whether something accepts connections on ``socket_path``."""
-    try:
-        _, writer = await asyncio.open_unix_connection(socket_path)
-    except OSError:
-        return False
-    writer.close()
-    return True
+def make_forwarder(
+    transport: str, endpoints: WorkerEndpoints, signer: ForwardSigner | None = None
+) -> Forwarder:
+    """The forwarder for ``transport`` (one of `FORWARD_TRANSPORTS`).
 
-
-def make_forwarder(transport: str, runtime_dir: RuntimeDirectory) -> Forwarder:
-    """The forwarder for ``transport`` (one of `FORWARD_TRANSPORTS`)."""
+    ``signer`` signs every forwarded request (private listeners on TCP).
+    """
     if transport == "http":
         from gym_sessions.routing.stream_forwarder import StreamForwarder
 
-        return StreamForwarder(runtime_dir)
+        return StreamForwarder(endpoints, signer)
     if transport == "aiohttp":
         from gym_sessions.routing.aiohttp_forwarder import AiohttpForwarder
+        from gym_sessions.routing.worker_endpoints import UnixEndpoints
 
-        return AiohttpForwarder(runtime_dir)
+        if not isinstance(endpoints, UnixEndpoints) or signer is not None:
+            raise ValueError("the aiohttp hop forwards over Unix sockets only (file claims)")
+        return AiohttpForwarder(endpoints)
     raise ValueError(f"unknown forward transport {transport!r}; use one of {FORWARD_TRANSPORTS}")

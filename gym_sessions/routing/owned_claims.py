@@ -1,11 +1,18 @@
 """A worker's own claims and their lifetimes (DESIGN 3.4).
 
 The claimant keeps its claims in memory, so a request for one of its own
-sessions reads no file. Each claim knows whether its session is open and how
-many requests for it are in flight; a background sweep ends the claims whose
-session has not been open for ``window`` seconds since its last request, even
-when no request comes. Only the claimant removes a claim, and never while a
-request for it is in flight.
+sessions never asks the store. Each claim knows whether its session is open and
+how many requests for it are in flight; a background sweep ends the claims
+whose session has not been open for ``window`` seconds since its last request,
+even when no request comes. Only the claimant removes a claim, and never while
+a request for it is in flight.
+
+For a store whose claims expire by themselves (Redis), the store follows the
+memory: a claim that is open or has a request in flight has no expiry; one that
+is idle and not open expires ``window`` plus a margin after its last request, so
+the claimant's own sweep always ends it first and the expiry only matters when
+the claimant died. One task per claim at a time brings the store in line, so
+two requests can never leave it in the wrong order.
 """
 
 from __future__ import annotations
@@ -16,11 +23,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError
 from gym_sessions.routing.claim_store import ClaimStore
 
-__all__ = ["OwnedClaims"]
+__all__ = ["EXPIRY_MARGIN_SECONDS", "OwnedClaims"]
 
 logger = logging.getLogger("gym_sessions.routing")
+
+# How much later than the claimant's own sweep a store's expiry ends an idle
+# claim: longer than a sweep interval plus a store round trip, with room to spare.
+EXPIRY_MARGIN_SECONDS = 10.0
 
 
 @dataclass
@@ -29,6 +41,13 @@ class _Claim:
     open: bool = False
     in_flight: int = 0
     release_when_idle: bool = False
+    # Store side (stores with expiry only): whether the store was told to let
+    # the claim expire, and whether a task is bringing the store in line.
+    expiring: bool = False
+    syncing: bool = False
+
+    def should_expire(self) -> bool:
+        return not self.open and self.in_flight == 0
 
 
 class OwnedClaims:
@@ -54,12 +73,21 @@ class OwnedClaims:
         self._clock = clock
         self._claims: dict[str, _Claim] = {}
         self._release_hooks: list[Callable[[str], None]] = []
+        # Removals from the store that are under way, and ones the store
+        # refused (it was unreachable) for the sweep to retry.
+        self._removing: dict[str, asyncio.Task[None]] = {}
+        self._unremoved: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._claims
 
     def __len__(self) -> int:
         return len(self._claims)
+
+    def session_ids(self) -> list[str]:
+        """The ids this worker claims."""
+        return list(self._claims)
 
     def on_release(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(session_id)`` whenever a claim of this worker ends."""
@@ -70,33 +98,65 @@ class OwnedClaims:
         claim = self._claims.get(session_id)
         return claim is not None and not claim.release_when_idle
 
-    def owner(self, session_id: str) -> str | None:
-        """The worker that claims ``session_id``: this one from memory, others from the store."""
+    async def owner(self, session_id: str) -> str | None:
+        """The worker that claims ``session_id``: this one from memory, others from the store.
+
+        Raises:
+            ClaimsUnavailableError: the store cannot be reached.
+        """
         if session_id in self._claims:
             return self.worker_id
-        return self.store.read(session_id)
+        await self._removed(session_id)
+        return await self.store.read(session_id)
 
-    def claim(self, session_id: str) -> str | None:
-        """Claim ``session_id`` here; ``None`` on success, else the other claimant's id."""
+    async def claim(self, session_id: str) -> str | None:
+        """Claim ``session_id`` here; ``None`` on success, else the other claimant's id.
+
+        Raises:
+            ClaimsUnavailableError: the store cannot be reached.
+        """
         if session_id in self._claims:
             return None
-        other = self.store.create(session_id)
-        if other is None:
-            self._claims[session_id] = _Claim(idle_since=self._clock())
+        await self._removed(session_id)
+        other = await self.store.create(session_id)
+        if other is None or other == self.worker_id:
+            # Our own id: a claim of ours the store kept while this worker had
+            # let go of it in memory (its removal failed). It is ours again.
+            self._unremoved.discard(session_id)
+            if session_id not in self._claims:  # a concurrent claim may have won the await
+                self._claims[session_id] = _Claim(idle_since=self._clock())
+            return None
         return other
 
-    def enter(self, session_id: str) -> None:
-        """A request for a claimed session starts being served here."""
-        self._claims[session_id].in_flight += 1
+    async def enter(self, session_id: str) -> None:
+        """A request for a claimed session starts being served here.
 
-    def leave(self, session_id: str) -> None:
+        Raises:
+            SessionConflictError: the store's expiry ended the claim while this
+                worker was stalled and another worker claimed it since.
+        """
+        claim = self._claims[session_id]
+        claim.in_flight += 1
+        if claim.expiring:
+            await self._sync_store(session_id, claim)
+            if self._claims.get(session_id) is not claim:
+                raise SessionConflictError(
+                    f"session {session_id!r} expired in the claim store and was claimed elsewhere"
+                )
+
+    async def leave(self, session_id: str) -> None:
         """A request entered with `enter` is done."""
         claim = self._claims.get(session_id)
-        if claim is not None:
-            claim.in_flight -= 1
-            claim.idle_since = self._clock()
-            if claim.release_when_idle and claim.in_flight == 0:
-                self._release(session_id)
+        if claim is None:
+            return
+        claim.in_flight -= 1
+        claim.idle_since = self._clock()
+        if claim.in_flight:
+            return
+        if claim.release_when_idle:
+            self._release(session_id)
+        elif self.store.expires and claim.should_expire() != claim.expiring:
+            await self._sync_store(session_id, claim)
 
     def mark_open(self, session_id: str) -> None:
         """The session started successfully: its claim lasts until it stops being open."""
@@ -104,6 +164,7 @@ class OwnedClaims:
         if claim is not None:
             claim.open = True
             claim.release_when_idle = False
+            self._sync_later(session_id, claim)
 
     def mark_not_open(self, session_id: str) -> None:
         """The session was closed, verified or ended: its window starts after its last request."""
@@ -111,6 +172,7 @@ class OwnedClaims:
         if claim is not None:
             claim.open = False
             claim.idle_since = self._clock()
+            self._sync_later(session_id, claim)
 
     def drop_unclaimed_state(self, session_id: str) -> None:
         """Run the release hooks for a session this worker served but could not claim.
@@ -137,7 +199,10 @@ class OwnedClaims:
             claim.release_when_idle = True
 
     def sweep(self) -> list[str]:
-        """End every claim whose window has passed; returns the ended session ids."""
+        """End every claim whose window has passed; returns the ended session ids.
+
+        Also retries store work that failed while the store was unreachable.
+        """
         deadline = self._clock() - self.window
         expired = [
             sid
@@ -146,12 +211,91 @@ class OwnedClaims:
         ]
         for sid in expired:
             self._release(sid)
+        for sid in list(self._unremoved):
+            if sid not in self._removing:
+                self._start_removal(sid)
+        if self.store.expires:
+            for sid, claim in self._claims.items():
+                if claim.in_flight == 0 and claim.should_expire() != claim.expiring:
+                    self._sync_later(sid, claim)
         return expired
 
     def _release(self, session_id: str) -> None:
         del self._claims[session_id]
-        self.store.remove(session_id)
+        self._start_removal(session_id)
         self._run_release_hooks(session_id)
+
+    def _start_removal(self, session_id: str) -> None:
+        self._unremoved.discard(session_id)
+        task = asyncio.ensure_future(self._remove(session_id))
+        self._removing[session_id] = task
+
+    async def _remove(self, session_id: str) -> None:
+        try:
+            await self.store.remove(session_id)
+        except ClaimsUnavailableError:
+            self._unremoved.add(session_id)
+        except Exception:
+            logger.exception("removing the claim of session %r failed", session_id)
+            self._unremoved.add(session_id)
+        finally:
+            self._removing.pop(session_id, None)
+
+    async def _removed(self, session_id: str) -> None:
+        """Wait until this worker's removal of ``session_id``, if one is under way, is done."""
+        task = self._removing.get(session_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    def _sync_later(self, session_id: str, claim: _Claim) -> None:
+        if self.store.expires and claim.in_flight == 0 and not claim.syncing:
+            task = asyncio.ensure_future(self._sync_store(session_id, claim))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _sync_store(self, session_id: str, claim: _Claim) -> None:
+        """Bring the store's expiry of this claim in line with its memory (one task at a time)."""
+        if claim.syncing:
+            return  # the running task loops until the store matches
+        claim.syncing = True
+        try:
+            while self._claims.get(session_id) is claim:
+                expire = claim.should_expire()
+                if expire == claim.expiring:
+                    return
+                if expire:
+                    await self.store.expire(session_id, self.window + EXPIRY_MARGIN_SECONDS)
+                elif not await self.store.hold(session_id):
+                    logger.error("the claim of session %r expired and was taken", session_id)
+                    del self._claims[session_id]
+                    self._run_release_hooks(session_id)
+                    return
+                claim.expiring = expire
+        except ClaimsUnavailableError:
+            # Nobody can claim while the store is unreachable; the sweep retries.
+            logger.warning("claim store unreachable: expiry of %r not updated", session_id)
+        finally:
+            claim.syncing = False
+
+    async def restore(self) -> int:
+        """Write every claim this worker holds back into the store (after it lost its data).
+
+        Returns how many claims another worker had taken meanwhile; those are
+        dropped here (their state released), since the other worker now serves them.
+        """
+        lost = 0
+        for sid, claim in list(self._claims.items()):
+            other = await self.store.create(sid)
+            if other is not None and other != self.worker_id:
+                lost += 1
+                del self._claims[sid]
+                self._run_release_hooks(sid)
+                continue
+            claim.expiring = False
+            if claim.should_expire():
+                await self.store.expire(sid, self.window + EXPIRY_MARGIN_SECONDS)
+                claim.expiring = True
+        return lost
 
     def _run_release_hooks(self, session_id: str) -> None:
         for hook in self._release_hooks:
@@ -169,3 +313,9 @@ class OwnedClaims:
                 self.sweep()
             except Exception:  # a failing store must not stop every later sweep
                 logger.exception("sweeping expired claims failed")
+
+    async def wait_for_store(self) -> None:
+        """Wait for store work under way (removals, expiry updates); for shutdown and tests."""
+        pending = [*self._removing.values(), *self._tasks]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)

@@ -1,4 +1,8 @@
-"""Each worker's private Unix socket, over which other workers forward requests.
+"""Each worker's private listener, over which other workers forward requests.
+
+A Unix socket in the runtime directory (file claims, one host), or a TCP port
+on ``private_host`` (Redis claims, several hosts), whose requests the router
+admits only with a valid forward signature (`ForwardSigner`).
 
 It serves the worker's own app on the worker's own event loop, started after the
 app's startup. It is not a `uvicorn.Server`: ``Server.serve()`` installs signal
@@ -48,17 +52,30 @@ def _quiet_protocol(protocol_class: type) -> type:
 
 
 class PrivateListener:
-    """Serves ``app`` on the Unix socket at ``path`` until `stop`.
+    """Serves ``app`` on the Unix socket at ``path`` (or TCP on ``host``) until `stop`.
 
     Args:
         app: The worker's ASGI app (the same object the public server runs).
         path: Socket path, inside the runtime directory's ``workers/``.
+        host: Listen on TCP on this address instead, on a port the system picks
+            (`address` tells which, once started).
         private: Mark requests as arrived over a private socket. Tests turn it
-            off to give in-process workers a public Unix listener of their own.
+            off to give in-process workers a public listener of their own.
     """
 
-    def __init__(self, app: ASGIApp, path: str, *, private: bool = True) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        path: str | None = None,
+        *,
+        host: str | None = None,
+        private: bool = True,
+    ) -> None:
+        if (path is None) == (host is None):
+            raise ValueError("a private listener needs a socket path or a host, not both")
         self.path = path
+        self.host = host
+        self.address: tuple[str, int] | None = None
         self._config = uvicorn.Config(
             _MarkPrivate(app) if private else app,
             uds=path,
@@ -81,12 +98,20 @@ class PrivateListener:
         """Start listening."""
         config, state, protocol_class = self._config, self._state, self._protocol_class
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(
-            lambda: protocol_class(config=config, server_state=state, app_state={}),
-            path=self.path,
-            backlog=config.backlog,
-        )
-        os.chmod(self.path, 0o600)
+
+        def protocol() -> asyncio.Protocol:
+            return protocol_class(config=config, server_state=state, app_state={})
+
+        if self.path is not None:
+            self._server = await loop.create_unix_server(
+                protocol, path=self.path, backlog=config.backlog
+            )
+            os.chmod(self.path, 0o600)
+        else:
+            self._server = await loop.create_server(
+                protocol, host=self.host, port=0, backlog=config.backlog
+            )
+            self.address = self._server.sockets[0].getsockname()[:2]
 
     async def stop(self) -> None:
         """Stop listening, let open requests finish briefly, and remove the socket."""
@@ -100,5 +125,6 @@ class PrivateListener:
                 break
             await asyncio.sleep(0.02)
         self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)

@@ -37,6 +37,7 @@ from gym_sessions.errors import (
     error_body,
     jsonrpc_error_body,
 )
+from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
@@ -131,6 +132,8 @@ class SessionRouter:
         debug_worker_header: Add ``x-gym-worker: <worker id>`` to every reply
             this worker's app produced, and ``x-gym-forwarded-by: <worker id>``
             to every reply this worker forwarded (for benchmarks and debugging).
+        forward_signer: Set when private listeners are on TCP (Redis claims):
+            a request arriving privately is served only with a valid signature.
     """
 
     def __init__(
@@ -148,6 +151,7 @@ class SessionRouter:
         body_read_timeout_seconds: float = 60.0,
         jsonrpc_paths: Collection[str] = (),
         debug_worker_header: bool = False,
+        forward_signer: ForwardSigner | None = None,
     ) -> None:
         self.app = app
         self.sources = sources
@@ -163,6 +167,7 @@ class SessionRouter:
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
         self.body_read_timeout_seconds = body_read_timeout_seconds
+        self.forward_signer = forward_signer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -182,16 +187,20 @@ class SessionRouter:
         scope[REQUEST_SESSION_KEY] = routed
         sid = routed.session_id
         private = scope.get(PRIVATE_SCOPE_KEY, False)
-
-        if not private and self.forwarder is not None:
-            owner = self.claims.owner(sid)
-            if routed.claims_first and owner is None:
-                owner = self.claims.claim(sid)
-            if owner is not None and owner != self.claims.worker_id:
-                await self._forward(owner, scope, body, send)
-                return
-        elif routed.claims_first and self.claims.claim(sid) is not None:
-            await self._send_error(scope, send, _claimed_elsewhere(sid))
+        try:
+            if private and self.forward_signer is not None:
+                self.forward_signer.verify(scope, body)
+            if not private and self.forwarder is not None:
+                owner = await self.claims.owner(sid)
+                if routed.claims_first and owner is None:
+                    owner = await self.claims.claim(sid)
+                if owner is not None and owner != self.claims.worker_id:
+                    await self._forward(owner, scope, body, send)
+                    return
+            elif routed.claims_first and await self.claims.claim(sid) is not None:
+                raise _claimed_elsewhere(sid)
+        except HTTPError as error:
+            await self._send_error(scope, send, error)
             return
         await self._serve_here(routed, scope, body, receive, send)
 
@@ -238,7 +247,11 @@ class SessionRouter:
         claims = self.claims
         held = sid in claims
         if held:
-            claims.enter(sid)
+            try:
+                await claims.enter(sid)
+            except HTTPError as error:
+                await self._send_error(scope, send, error)
+                return
         refused = False
         body_sent = False
 
@@ -261,14 +274,16 @@ class SessionRouter:
             ):
                 client_names_id = routed.source is not IdSource.MINTED
                 if client_names_id or message["status"] < 400:
-                    if claims.claim(sid) is None:
-                        claims.enter(sid)
-                        held = True
-                    else:
+                    try:
+                        if await claims.claim(sid) is not None:
+                            raise _claimed_elsewhere(sid)
+                        await claims.enter(sid)
+                    except HTTPError as error:
                         refused = True
                         claims.drop_unclaimed_state(sid)
-                        await self._send_error(scope, send, _claimed_elsewhere(sid))
+                        await self._send_error(scope, send, error)
                         return
+                    held = True
             if self.worker_header is not None and message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), self.worker_header]
             await send(message)
@@ -277,7 +292,7 @@ class SessionRouter:
             await self.app(scope, replay_body, send_claimed)
         finally:
             if held:
-                claims.leave(sid)
+                await claims.leave(sid)
 
 
 def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:

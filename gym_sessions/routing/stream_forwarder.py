@@ -20,14 +20,14 @@ import httptools
 from starlette.types import Scope, Send
 
 from gym_sessions.errors import BadGatewayError
+from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import (
     claimant_gone,
     forwarded_headers,
-    reachable,
     reply_headers,
     request_target,
 )
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.routing.worker_endpoints import WorkerEndpoints
 
 __all__ = ["StreamForwarder"]
 
@@ -80,11 +80,13 @@ class StreamForwarder:
     """Forwards requests over pooled persistent connections to private sockets.
 
     Args:
-        runtime_dir: The server's runtime directory, where private sockets live.
+        endpoints: Where other workers' private listeners are.
+        signer: Signs each request (private listeners on TCP); ``None`` on Unix sockets.
     """
 
-    def __init__(self, runtime_dir: RuntimeDirectory) -> None:
-        self.socket_path = runtime_dir.socket_path
+    def __init__(self, endpoints: WorkerEndpoints, signer: ForwardSigner | None = None) -> None:
+        self.endpoints = endpoints
+        self.signer = signer
         self._idle: dict[str, deque[_Connection]] = {}
 
     async def _connect(self, worker_id: str) -> tuple[_Connection, bool]:
@@ -95,10 +97,8 @@ class StreamForwarder:
                 return connection, True
             connection.close()
         try:
-            reader, writer = await asyncio.open_unix_connection(
-                self.socket_path(worker_id), limit=_READ_SIZE
-            )
-        except OSError as exc:  # refused, or the socket file is gone
+            reader, writer = await self.endpoints.open(worker_id)
+        except OSError as exc:  # refused, gone, unregistered, or no answer
             self._drop_pool(worker_id)
             raise claimant_gone(worker_id) from exc
         return _Connection(reader, writer), False
@@ -121,17 +121,14 @@ class StreamForwarder:
             SessionGoneError: the claimant's socket is gone or refuses connections.
             BadGatewayError: the claimant failed before replying for another reason.
         """
-        head = _request_head(scope, len(body))
+        signature = self.signer.header(scope, body) if self.signer is not None else None
+        head = _request_head(scope, len(body), signature)
         connection, reused = await self._connect(worker_id)
         try:
             reply, parser = await self._exchange(connection, head, body)
         except _BROKEN as exc:
             connection.close()
-            if (
-                reused
-                and isinstance(exc, EOFError)
-                and await reachable(self.socket_path(worker_id))
-            ):
+            if reused and isinstance(exc, EOFError) and await self.endpoints.reachable(worker_id):
                 # A pooled connection the claimant closed while idle: nothing was
                 # read from it, so the request never ran. Try once more, afresh.
                 connection, _ = await self._connect(worker_id)
@@ -212,7 +209,7 @@ class StreamForwarder:
             connection.close()
 
     async def _failure(self, worker_id: str, exc: BaseException) -> Exception:
-        if not await reachable(self.socket_path(worker_id)):
+        if not await self.endpoints.reachable(worker_id):
             self._drop_pool(worker_id)
             return claimant_gone(worker_id)
         return BadGatewayError(f"forwarding to worker {worker_id} failed: {exc!r}")
@@ -223,7 +220,7 @@ class StreamForwarder:
             self._drop_pool(worker_id)
 
 
-def _request_head(scope: Scope, body_length: int) -> bytes:
+def _request_head(scope: Scope, body_length: int, signature: tuple[bytes, bytes] | None) -> bytes:
     lines = [
         scope["method"].encode("ascii"),
         b" ",
@@ -232,5 +229,7 @@ def _request_head(scope: Scope, body_length: int) -> bytes:
     ]
     for name, value in forwarded_headers(scope):
         lines += [name, b": ", value, b"\r\n"]
+    if signature is not None:
+        lines += [signature[0], b": ", signature[1], b"\r\n"]
     lines += [b"content-length: ", str(body_length).encode(), b"\r\n\r\n"]
     return b"".join(lines)

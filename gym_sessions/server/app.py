@@ -32,12 +32,15 @@ from gym_sessions.errors import (
     error_body,
 )
 from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
+from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, make_forwarder
-from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
 from gym_sessions.routing.private_listener import PrivateListener
+from gym_sessions.routing.redis_claims import RedisClaimStore, WorkerRegistry, connect_redis
 from gym_sessions.routing.router import SessionRouter
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.session_cookie import SessionCookieMiddleware
+from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints
 from gym_sessions.server.base import SessionServer
 from gym_sessions.settings import Settings
 
@@ -93,16 +96,30 @@ class WorkerApp:
         self.credentials = SessionCredentials(settings.secret, settings.session_cookie)
         self.runtime_dir: RuntimeDirectory | None = None
         self.forwarder: Forwarder | None = None
+        self.forward_signer: ForwardSigner | None = None
+        self.registry: WorkerRegistry | None = None
         store: ClaimStore = LocalClaimStore()
-        if settings.routed:
+        window = settings.session_close_retry_window_seconds
+        if settings.routed and settings.redis_claims:
+            # Several hosts: claims and worker addresses in Redis, private
+            # listeners on TCP, forwarded requests signed with the secret.
+            self.registry = WorkerRegistry(connect_redis(settings.claims), self.worker_id)
+            store = RedisClaimStore(
+                self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS
+            )
+            self.forward_signer = ForwardSigner(settings.secret)
+            self.forwarder = make_forwarder(
+                settings.forward_transport, TcpEndpoints(self.registry), self.forward_signer
+            )
+        elif settings.routed:
             if settings.runtime_dir is None:
                 raise ValueError("a routed worker needs the runtime directory of its server")
             self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
             store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
-            self.forwarder = make_forwarder(settings.forward_transport, self.runtime_dir)
-        self.claims = OwnedClaims(
-            store, self.worker_id, settings.session_close_retry_window_seconds
-        )
+            self.forwarder = make_forwarder(
+                settings.forward_transport, UnixEndpoints(self.runtime_dir)
+            )
+        self.claims = OwnedClaims(store, self.worker_id, window)
         server.bind(settings, self.claims, self.credentials)
 
         routes = server.routes()
@@ -131,6 +148,7 @@ class WorkerApp:
             max_header_bytes=settings.max_header_bytes,
             body_read_timeout_seconds=settings.body_read_timeout_seconds,
             debug_worker_header=settings.debug_worker_header,
+            forward_signer=self.forward_signer,
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
@@ -139,18 +157,39 @@ class WorkerApp:
         await self.app(scope, receive, send)
 
     async def startup(self) -> None:
-        """Start the claim sweep and, when routing, the private listener."""
-        self._background = [
-            asyncio.create_task(self.claims.run_sweeper()),
-            asyncio.create_task(self.server.background()),
-        ]
+        """Start the claim sweep and, when routing, the private listener (and its registration)."""
         if self.runtime_dir is not None:
             self._listener = PrivateListener(self, self.runtime_dir.socket_path(self.worker_id))
             await self._listener.start()
+        elif self.registry is not None:
+            self._listener = PrivateListener(self, host=self.settings.private_host)
+            await self._listener.start()
+            assert self._listener.address is not None
+            # Unreachable Redis fails the worker's start-up, like a bad port.
+            await self.registry.register(*self._listener.address)
+            self._background.append(
+                asyncio.create_task(self.registry.run_heartbeat(self._restore_claims))
+            )
+        self._background += [
+            asyncio.create_task(self.claims.run_sweeper()),
+            asyncio.create_task(self.server.background()),
+        ]
         logger.debug("worker %s started", self.worker_id)
+
+    async def _restore_claims(self) -> None:
+        lost = await self.claims.restore()
+        logger.warning(
+            "worker %s: its registration had lapsed; claims written again (%d taken meanwhile)",
+            self.worker_id,
+            lost,
+        )
 
     async def shutdown(self) -> None:
         """Stop listening privately, stop the sweep, and release this worker's sessions."""
+        if self.registry is not None:
+            # Other workers answer 410 for this worker's sessions at once.
+            with contextlib.suppress(Exception):
+                await self.registry.unregister()
         if self._listener is not None:
             await self._listener.stop()
         for task in self._background:
@@ -160,6 +199,9 @@ class WorkerApp:
                 await task
         if self.forwarder is not None:
             await self.forwarder.close()
+        await self.claims.wait_for_store()
+        if self.registry is not None:
+            await self.registry.client.aclose()
         # Claims stay: requests for these sessions must get 410, not empty state,
         # until the server exits and its runtime directory goes.
         self.server.release_all()

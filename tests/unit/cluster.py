@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import redis
 
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.routing.claim_store import FileClaimStore
 from gym_sessions.routing.private_listener import PrivateListener
+from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.server.resources import ResourcesServer
@@ -157,8 +159,14 @@ class Cluster:
         return self.workers[index]
 
     def claim_owner(self, session_id: str) -> str | None:
+        if self.settings.redis_claims:
+            return self.redis().get(RedisClaimStore.key(session_id))
         assert self.runtime_dir is not None
-        return FileClaimStore(self.runtime_dir.claims_dir, "reader").read(session_id)
+        return FileClaimStore(self.runtime_dir.claims_dir, "reader").read_now(session_id)
+
+    def redis(self) -> redis.Redis:
+        """A blocking Redis client on the cluster's claim store (Redis claims only)."""
+        return redis.Redis.from_url(self.settings.claims, decode_responses=True)
 
     def claim_count(self) -> int:
         return 0 if self.runtime_dir is None else self.runtime_dir.claim_count()
@@ -181,7 +189,7 @@ async def start_cluster(
     """Start ``n`` workers, each serving a fresh ``make_server()``."""
     settings = Settings(workers=n, secret=SECRET, routes_sessions_to_owner=routed, **settings_kw)
     runtime_dir = None
-    if settings.routed:
+    if settings.routed and not settings.redis_claims:
         runtime_dir = RuntimeDirectory.create(base)
         settings = settings.replace(runtime_dir=runtime_dir.path)
     workers = []

@@ -195,7 +195,7 @@ async def test_id_claimed_elsewhere_while_served_gets_409(cluster):
     cookie = c.cookie_for(sid)
     # Another worker claims the same id while c[1]'s handler runs.
     rival = FileClaimStore(c.runtime_dir.claims_dir, c[0].id)
-    c[1].server.before_touch = rival.create
+    c[1].server.before_touch = rival.create_now
     reply = await c[1].request("POST", "/touch", cookie=cookie)
     assert reply.status == 409
     assert reply.json["error"]["code"] == "session_conflict"
@@ -539,7 +539,7 @@ def test_file_claims_have_one_winner_under_thread_races(tmp_path):
 
     def claim_all(i: int) -> None:
         for sid in sids:
-            results[i].append(stores[i].create(sid))
+            results[i].append(stores[i].create_now(sid))
 
     threads = [threading.Thread(target=claim_all, args=(i,)) for i in range(4)]
     for t in threads:
@@ -552,7 +552,7 @@ def test_file_claims_have_one_winner_under_thread_races(tmp_path):
         for i in range(4):
             if i != winners[0]:
                 assert results[i][k] == f"w{winners[0]}"
-        assert stores[0].read(sid) == f"w{winners[0]}"
+        assert stores[0].read_now(sid) == f"w{winners[0]}"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
 
 

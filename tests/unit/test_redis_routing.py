@@ -1,0 +1,354 @@
+"""Redis claims: in-process workers as two "hosts" sharing one real redis-server.
+
+Each worker has its own private TCP listener registered in Redis, as on
+separate machines; nothing is shared between them but Redis and the secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from gym_sessions.errors import ClaimsUnavailableError
+from gym_sessions.routing.claim_store import LocalClaimStore
+from gym_sessions.routing.forward_signature import SIGNATURE_HEADER, ForwardSigner
+from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
+from gym_sessions.routing.redis_claims import (
+    HEARTBEAT_SECONDS,
+    KEY_PREFIX,
+    RedisClaimStore,
+    WorkerRegistry,
+    connect_redis,
+)
+from gym_sessions.server.app import WorkerApp
+from gym_sessions.settings import SECRET_ENV, Settings
+
+from .cluster import SECRET, Cluster, Worker, new_id, wait_until
+from .probe_server import ProbeServer
+
+WINDOW = 1.0
+STARTS = ("/seed_session", "/reset", "/blind_start")
+
+
+@pytest.fixture
+def hosts(start_clusters, redis_server):
+    async def make(n: int = 2, **kw) -> Cluster:
+        kw.setdefault("session_close_retry_window_seconds", WINDOW)
+        kw.setdefault("checkpoint_session_starts", STARTS)
+        return await start_clusters(ProbeServer, n, claims=redis_server.url, **kw)
+
+    return make
+
+
+async def crash(worker: Worker) -> None:
+    """What SIGKILL leaves behind: no listener, no heartbeat, registration still in Redis."""
+    for task in worker.app._background:
+        task.cancel()
+    assert worker.app._listener is not None
+    await worker.app._listener.stop()
+
+
+def private_url(c: Cluster, worker: Worker) -> str:
+    return "http://" + c.redis().get(KEY_PREFIX + "worker:" + worker.id)
+
+
+async def start(worker: Worker, sid: str):
+    reply = await worker.request("POST", "/seed_session", {"resources_session_id": sid})
+    assert reply.status == 200, reply.json
+    return reply
+
+
+# The rule across hosts ---------------------------------------------------------------------
+
+
+async def test_a_start_claims_in_redis_and_the_other_host_forwards_to_it(hosts):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    assert c.claim_owner(sid) == c[0].id
+    assert c.redis().pttl(RedisClaimStore.key(sid)) == -1  # open: no expiry
+    for expected in (1, 2, 3):
+        touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
+        assert touched.status == 200
+        assert touched.json == {"worker": c[0].id, "sid": sid, "count": expected}
+    assert c[1].server.counts == {}
+
+
+async def test_every_worker_registers_a_private_tcp_address(hosts):
+    c = await hosts(3)
+    for worker in c.workers:
+        host, _, port = c.redis().get(KEY_PREFIX + "worker:" + worker.id).rpartition(":")
+        assert host == "127.0.0.1" and int(port) > 0
+        assert 0 < c.redis().pttl(KEY_PREFIX + "worker:" + worker.id) <= 10_000
+
+
+async def test_a_closed_session_gets_an_expiry_and_its_claimant_removes_it(hosts):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    closed = await c[1].request("POST", "/close_session", {"resources_session_id": sid})
+    assert closed.status == 200 and closed.json["outcome"] == "closed"
+    key = RedisClaimStore.key(sid)
+    assert await wait_until(lambda: c.redis().pttl(key) > 0, within=2)
+    assert c.redis().pttl(key) <= (WINDOW + EXPIRY_MARGIN_SECONDS) * 1000
+    # A retried start of the closed id still reaches the claimant: 409 session_closed.
+    again = await c[1].request("POST", "/seed_session", {"resources_session_id": sid})
+    assert again.status == 409 and again.json["error"]["code"] == "session_closed"
+    # The claimant's own sweep removes it after the window, long before the expiry.
+    assert await wait_until(lambda: c.claim_owner(sid) is None, within=WINDOW + 3)
+    assert sid in c[0].server.released
+    fresh = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    assert fresh.status == 200 and fresh.json["worker"] == c[1].id
+
+
+async def test_store_expiry_follows_open_in_flight_and_idle(redis_server):
+    client = connect_redis(redis_server.url)
+    registry = WorkerRegistry(client, "w-expiry")
+    claims = OwnedClaims(RedisClaimStore(client, registry, 60), "w-expiry", window=30)
+    key = RedisClaimStore.key("s1")
+
+    async def pttl() -> int:
+        return await client.pttl(key)
+
+    try:
+        assert await claims.claim("s1") is None
+        await claims.enter("s1")
+        assert await pttl() == -1
+        await claims.leave("s1")  # idle, never opened: expires
+        assert 0 < await pttl() <= (30 + EXPIRY_MARGIN_SECONDS) * 1000
+        await claims.enter("s1")  # a request in flight: no expiry
+        assert await pttl() == -1
+        claims.mark_open("s1")
+        await claims.leave("s1")
+        assert await pttl() == -1  # open
+        claims.mark_not_open("s1")  # outside a request: synced in the background
+        await claims.wait_for_store()
+        assert await pttl() > 0
+        claims.release_now("s1")
+        await claims.wait_for_store()
+        assert await client.get(key) is None
+    finally:
+        await client.aclose()
+
+
+async def test_only_one_of_many_racing_workers_wins_each_claim(redis_server):
+    clients = [connect_redis(redis_server.url) for _ in range(4)]
+    stores = [
+        RedisClaimStore(client, WorkerRegistry(client, f"w{i}"), 60)
+        for i, client in enumerate(clients)
+    ]
+    sids = [new_id() for _ in range(200)]
+    try:
+        results = await asyncio.gather(
+            *[asyncio.gather(*[store.create(sid) for sid in sids]) for store in stores]
+        )
+        for k, sid in enumerate(sids):
+            winners = [i for i in range(4) if results[i][k] is None]
+            assert len(winners) == 1
+            assert {results[i][k] for i in range(4) if i != winners[0]} == {f"w{winners[0]}"}
+            assert await stores[1].read(sid) == f"w{winners[0]}"
+        # Only the claimant removes: another worker's remove leaves the claim alone.
+        loser = next(i for i in range(4) if results[i][0] is not None)
+        await stores[loser].remove(sids[0])
+        assert await stores[0].read(sids[0]) is not None
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+# Dead workers --------------------------------------------------------------------------------
+
+
+async def test_a_crashed_workers_sessions_get_410_on_the_other_host(hosts):
+    c = await hosts(3)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    await crash(c[0])
+    gone = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    assert gone.status == 410 and gone.json["error"]["code"] == "session_gone"
+    # The others still claim, forward and serve.
+    other = new_id()
+    started = await start(c[1], other)
+    touched = await c[2].request("POST", "/touch", cookie=started.cookie)
+    assert touched.status == 200 and touched.json["worker"] == c[1].id
+
+
+async def test_an_expired_registration_gives_410_and_the_orphaned_claim_an_expiry(hosts):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    await crash(c[0])
+    c.redis().delete(KEY_PREFIX + "worker:" + c[0].id)  # its heartbeat stopped long ago
+    gone = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    assert gone.status == 410
+    ttl = c.redis().pttl(RedisClaimStore.key(sid))
+    assert 0 < ttl <= (WINDOW + EXPIRY_MARGIN_SECONDS) * 1000
+    assert c.claim_owner(sid) == c[0].id  # still 410 until it expires, never empty state
+
+
+async def test_a_clean_shutdown_unregisters_so_its_sessions_get_410_at_once(hosts):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    await c[0].app.shutdown()
+    assert c.redis().get(KEY_PREFIX + "worker:" + c[0].id) is None
+    gone = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    assert gone.status == 410
+
+
+# Signed private listeners ----------------------------------------------------------------------
+
+
+def _scope(method: str, target: str, headers: list[tuple[bytes, bytes]]) -> dict:
+    path, _, query = target.partition("?")
+    return {
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "headers": headers,
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["unsigned", "other_secret", "other_body", "other_cookie", "stale", "garbage", "twice"]
+)
+async def test_the_private_listener_refuses_requests_without_a_valid_signature(hosts, case):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    cookie = f"gym_session={reply.cookie}".encode()
+    body = b"{}"
+    signer = ForwardSigner(SECRET)
+    scope = _scope("POST", "/touch", [(b"cookie", cookie)])
+    name, value = signer.header(scope, body)
+    headers = {"Cookie": cookie.decode(), "Content-Type": "application/json"}
+    if case == "other_secret":
+        headers[name.decode()] = ForwardSigner("another secret").header(scope, body)[1].decode()
+    elif case == "other_body":
+        headers[name.decode()] = signer.header(scope, b'{"x": 1}')[1].decode()
+    elif case == "other_cookie":
+        other = _scope("POST", "/touch", [(b"cookie", b"gym_session=someone-else")])
+        headers[name.decode()] = signer.header(other, body)[1].decode()
+    elif case == "stale":
+        old = str(int(time.time()) - 120).encode()
+        headers[name.decode()] = (old + b"." + signer._digest(old, scope, body).encode()).decode()
+    elif case == "garbage":
+        headers[name.decode()] = "not-a-signature"
+    async with aiohttp.ClientSession() as client:
+        url = private_url(c, c[0])
+        sent: list[tuple[str, str]] = list(headers.items())
+        if case == "twice":  # a valid signature and a second one
+            sent += [(name.decode(), value.decode())] * 2
+        async with client.post(url + "/touch", data=body, headers=sent) as refused:
+            assert refused.status == 403
+            assert (await refused.json())["error"]["code"] == "forbidden"
+        # The same request, correctly signed, is served (and counted once).
+        headers[name.decode()] = value.decode()
+        async with client.post(url + "/touch", data=body, headers=headers) as served:
+            assert served.status == 200
+            assert (await served.json())["count"] == 1
+
+
+async def test_a_signature_header_from_the_client_is_replaced_when_forwarding(hosts):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    touched = await c[1].request(
+        "POST",
+        "/touch",
+        cookie=reply.cookie,
+        headers={SIGNATURE_HEADER.decode(): "1.forged"},
+    )
+    assert touched.status == 200 and touched.json["worker"] == c[0].id
+
+
+# Redis lost while serving -------------------------------------------------------------------
+
+
+async def test_lost_redis_gives_503_except_for_own_sessions_and_service_resumes(
+    hosts, redis_server
+):
+    c = await hosts(2)
+    mine, theirs = new_id(), new_id()
+    mine_reply = await start(c[0], mine)
+    theirs_reply = await start(c[1], theirs)
+    redis_server.stop()
+
+    # Own sessions known in memory keep working on their claimant.
+    own = await c[0].request("POST", "/touch", cookie=mine_reply.cookie)
+    assert own.status == 200 and own.json == {"worker": c[0].id, "sid": mine, "count": 1}
+    # Everything that needs the store gets 503 claims_unavailable, never local handling.
+    for worker, path, kwargs in [
+        (c[0], "/touch", {"cookie": theirs_reply.cookie}),  # another worker's session
+        (c[0], "/seed_session", {"body": {"resources_session_id": new_id()}}),  # a start
+        (c[1], "/touch", {"cookie": mine_reply.cookie}),
+    ]:
+        refused = await worker.request(
+            "POST", path, kwargs.get("body"), cookie=kwargs.get("cookie")
+        )
+        assert refused.status == 503, refused.json
+        assert refused.json["error"]["code"] == "claims_unavailable"
+    assert theirs not in c[0].server.counts and mine not in c[1].server.counts
+
+    # Redis comes back empty (no persistence): each worker's heartbeat writes its
+    # registration and its claims again, and routing resumes.
+    redis_server.start()
+    assert await wait_until(
+        lambda: c.claim_owner(mine) == c[0].id and c.claim_owner(theirs) == c[1].id,
+        within=HEARTBEAT_SECONDS * 4,
+    )
+    again = await c[1].request("POST", "/touch", cookie=mine_reply.cookie)
+    assert again.status == 200 and again.json == {"worker": c[0].id, "sid": mine, "count": 2}
+    fresh = new_id()
+    await start(c[1], fresh)
+    assert c.claim_owner(fresh) == c[1].id
+
+
+# Start-up ------------------------------------------------------------------------------------
+
+
+async def test_a_worker_cannot_start_without_redis(short_tmp):
+    from gym_sessions.local_services import free_port
+
+    settings = Settings(workers=2, secret=SECRET, claims=f"redis://127.0.0.1:{free_port()}/0")
+    app = WorkerApp(ProbeServer(), settings)
+    with pytest.raises(ClaimsUnavailableError):
+        await app.startup()
+    await app.shutdown()
+
+
+def test_redis_claims_refuse_a_secret_per_host(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    with pytest.raises(ValueError, match="one secret"):
+        Settings(claims="redis://127.0.0.1:6379/0")
+    monkeypatch.setenv(SECRET_ENV, "shared")
+    assert Settings(claims="redis://127.0.0.1:6379/0").secret == "shared"
+    assert Settings().secret == "shared"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"claims": "memcached://x"}, "unknown claim store"),
+        ({"claims": "redis://x/0", "forward_transport": "aiohttp"}, "'http' hop"),
+        ({"claims": "redis://x/0", "private_host": "0.0.0.0"}, "wildcard"),
+    ],
+)
+def test_bad_claim_settings_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        Settings(secret="s", **changes)
+
+
+def test_one_worker_with_redis_claims_still_routes():
+    assert Settings(secret="s", claims="redis://x/0").routed
+    assert not Settings(secret="s", claims="redis://x/0", routes_sessions_to_owner=False).routed
+    assert not Settings(secret="s").routed
+
+
+async def test_local_store_never_expires():
+    assert LocalClaimStore.expires is False
+    assert await LocalClaimStore().hold("x") is True
