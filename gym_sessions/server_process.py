@@ -9,6 +9,7 @@ socket paths stay under their length limit.
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import re
@@ -56,6 +57,22 @@ class ServerProcess:
     def worker_sockets(self) -> list[str]:
         """Private sockets of the live (or killed) workers."""
         return glob.glob(os.path.join(self.tmpdir, "gym-sessions-*", "workers", "*.sock"))
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the supervisor's live child processes (its workers; Linux ``/proc``)."""
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as file:
+                    fields = file.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # After the command name: state, then the parent's pid.
+            if int(fields[1]) == self.process.pid and fields[0] != "Z":
+                pids.append(int(entry))
+        return sorted(pids)
 
     def health(self, timeout: float = 5.0) -> dict[str, Any]:
         """``GET /health`` on a new connection."""
@@ -125,13 +142,22 @@ def start_server(
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env)
     server = ServerProcess(process, "", tmpdir, log_path, owns_tmpdir)
-    routed = workers > 1 and "--no-routing" not in args
+    # With Redis claims workers listen on TCP, not on private sockets: callers
+    # that need every worker wait for their registrations in Redis.
+    file_routed = workers > 1 and "--no-routing" not in args and not _redis_claims(args)
     try:
-        _wait_until_ready(server, workers if routed else 0, ready_timeout)
+        _wait_until_ready(server, workers if file_routed else 0, ready_timeout)
     except BaseException:
         server.stop()  # also when the caller is interrupted while waiting
         raise
     return server
+
+
+def _redis_claims(args: tuple[str, ...]) -> bool:
+    for flag, value in itertools.pairwise(args):
+        if flag == "--claims":
+            return value != "file"
+    return any(arg.startswith("--claims=") and arg != "--claims=file" for arg in args)
 
 
 def _wait_until_ready(server: ServerProcess, private_sockets: int, timeout: float) -> None:

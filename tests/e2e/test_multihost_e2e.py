@@ -1,0 +1,239 @@
+"""Two "hosts" behind nginx round robin, claims in one real redis-server.
+
+Each host is its own ``gym-sessions serve --workers 2 --claims redis://...``
+process group with its own port and temporary directory; they share nothing
+but Redis and the secret. nginx sends each request to the next host in turn,
+and every request is on a new connection, so most requests of an episode land
+on a worker that does not hold its session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis
+
+from envs.counter_load import client_session, make_episodes, play, play_all
+from gym_sessions.local_services import NginxProcess, RedisProcess, free_port
+from gym_sessions.routing.redis_claims import KEY_PREFIX, RedisClaimStore
+from gym_sessions.server_process import ServerProcess
+
+from ..conftest import require_or_skip
+from .subprocesses import run_module
+
+pytestmark = pytest.mark.e2e
+
+COUNTER = "envs.counter:CounterEnv"
+EPISODES = 200
+WINDOW = "2"
+WORKERS_PER_HOST = 2
+
+
+@dataclass
+class Deployment:
+    redis: RedisProcess
+    hosts: list[ServerProcess]
+    nginx: NginxProcess
+
+    @property
+    def url(self) -> str:
+        return self.nginx.url
+
+    def store(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis.url, decode_responses=True)
+
+    def owner(self, session_id: str) -> str | None:
+        return self.store().get(RedisClaimStore.key(session_id))
+
+    def registered_workers(self) -> list[str]:
+        prefix = KEY_PREFIX + "worker:"
+        return [key[len(prefix) :] for key in self.store().scan_iter(prefix + "*")]
+
+    def host_of(self, worker_id: str) -> int:
+        pid = int(worker_id.split("-")[0])
+        return next(i for i, host in enumerate(self.hosts) if pid in host.worker_pids())
+
+
+@pytest.fixture
+def deploy(serve, redis_server) -> Iterator[Callable[..., Deployment]]:
+    """``deploy(*args)``: two hosts started with ``args`` and nginx round robin in front."""
+    require_or_skip("nginx", "nginx")
+    proxies: list[NginxProcess] = []
+
+    def _deploy(*args: str, routed: bool = True) -> Deployment:
+        claims = ("--claims", redis_server.url) if routed else ("--no-routing",)
+        hosts = [
+            serve(COUNTER, *claims, "--secret", secret, "--window", WINDOW, *args,
+                  workers=WORKERS_PER_HOST)
+            for _ in range(2)
+        ]  # fmt: skip
+        deployment = Deployment(redis_server, hosts, NginxProcess([h.url for h in hosts]))
+        if routed:
+            deadline = time.monotonic() + 30
+            while len(deployment.registered_workers()) < 2 * WORKERS_PER_HOST:
+                assert time.monotonic() < deadline, [h.log() for h in hosts]
+                time.sleep(0.1)
+        proxies.append(deployment.nginx)
+        deployment.nginx.start()
+        return deployment
+
+    secret = secrets.token_hex(32)
+    yield _deploy
+    for proxy in proxies:
+        proxy.close()
+
+
+def test_200_episodes_through_nginx_over_two_hosts_all_score(deploy):
+    d = deploy()
+    episodes = asyncio.run(play_all(d.url, make_episodes(EPISODES, seed=11)))
+    rewards = [e.reward for e in episodes]
+    assert rewards.count(1.0) == EPISODES, [e.error_codes for e in episodes if e.reward != 1.0][:5]
+    assert all(status == 200 for e in episodes for status in e.statuses)
+    # Sessions live on both hosts (closed ones keep their claim for the window),
+    # so requests really crossed between them.
+    owners = {d.owner(e.session_id) for e in episodes}
+    assert None not in owners
+    assert {d.host_of(owner) for owner in owners} == {0, 1}
+    # The claimants remove every claim after the window; registrations stay.
+    deadline = time.monotonic() + float(WINDOW) + 5
+    while any(d.owner(e.session_id) for e in episodes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(d.owner(e.session_id) for e in episodes)
+    assert len(d.registered_workers()) == 2 * WORKERS_PER_HOST
+
+
+def test_without_routing_two_hosts_lose_state(deploy):
+    d = deploy(routed=False)
+    episodes = asyncio.run(play_all(d.url, make_episodes(EPISODES, seed=11)))
+    correct = [e.reward for e in episodes].count(1.0)
+    print(f"\n--no-routing, 2 hosts x 2 workers: {correct} of {EPISODES} episodes scored 1.0")
+    assert correct < EPISODES * 0.8
+
+
+async def _start(client, url: str, episode, cookies: dict[str, str]) -> None:
+    body = {
+        "resources_session_id": episode.session_id,
+        "options": {"initial_count": episode.initial, "expected_count": episode.expected},
+    }
+    async with client.post(url + "/reset", json=body) as reply:
+        assert reply.status == 200, await reply.text()
+        cookies[episode.session_id] = reply.cookies["gym_session"].value
+
+
+async def _finish(client, url: str, episode, cookies: dict[str, str]) -> None:
+    headers = {"Cookie": f"gym_session={cookies[episode.session_id]}"}
+
+    async def post(path: str, body=None):
+        async with client.post(url + path, json=body, headers=headers) as reply:
+            episode.statuses.append(reply.status)
+            return reply.status, await reply.json()
+
+    for step in episode.increments:
+        await post("/step", {"action": step})
+    status, data = await post("/verify")
+    if status == 200:
+        episode.reward = data["reward"]
+    await post("/close_session", {"resources_session_id": episode.session_id})
+
+
+def _run_with_fault(d: Deployment, fault: Callable[[dict[str, str]], object], n: int = 80):
+    """Start ``n`` episodes, apply ``fault(owners)``, finish them; then play fresh ones."""
+    episodes = make_episodes(n, seed=12)
+    cookies: dict[str, str] = {}
+
+    async def scenario():
+        async with client_session() as client:
+            await asyncio.gather(*[_start(client, d.url, e, cookies) for e in episodes])
+            owners = {e.session_id: d.owner(e.session_id) for e in episodes}
+            victim = fault(owners)
+            await asyncio.sleep(0.5)
+            await asyncio.gather(*[_finish(client, d.url, e, cookies) for e in episodes])
+            fresh = await asyncio.gather(
+                *[play(client, d.url, e) for e in make_episodes(40, seed=13)]
+            )
+            return owners, victim, fresh
+
+    return episodes, *asyncio.run(scenario())
+
+
+def test_sigkill_of_one_worker_of_one_host_gives_exactly_its_sessions_410(deploy):
+    d = deploy()
+
+    def kill_busiest(owners: dict[str, str]) -> str:
+        victim = max(set(owners.values()), key=list(owners.values()).count)
+        os.kill(int(victim.split("-")[0]), signal.SIGKILL)
+        return victim
+
+    episodes, owners, victim, fresh = _run_with_fault(d, kill_busiest)
+    lost = [e for e in episodes if owners[e.session_id] == victim]
+    kept = [e for e in episodes if owners[e.session_id] != victim]
+    assert lost and kept
+    for e in lost:  # every request, close included, wherever it landed
+        assert set(e.statuses) == {410}, e.statuses
+    for e in kept:
+        assert set(e.statuses) == {200} and e.reward == 1.0, e.statuses
+    assert [e.reward for e in fresh].count(1.0) == len(fresh)
+
+
+def test_stopping_one_host_gives_its_sessions_410_and_the_other_hosts_finish(deploy):
+    d = deploy()
+    stopped: dict[str, int] = {}
+
+    def stop_host_zero(owners: dict[str, str]) -> int:
+        stopped["code"] = d.hosts[0].stop()
+        return 0
+
+    # Map owners to hosts before the host goes (its worker pids vanish with it).
+    host_of: dict[str, int] = {}
+
+    def stop_after_mapping(owners: dict[str, str]) -> int:
+        for owner in set(owners.values()):
+            host_of[owner] = d.host_of(owner)
+        return stop_host_zero(owners)
+
+    episodes, owners, _, fresh = _run_with_fault(d, stop_after_mapping)
+    assert stopped["code"] == 0
+    lost = [e for e in episodes if host_of[owners[e.session_id]] == 0]
+    kept = [e for e in episodes if host_of[owners[e.session_id]] == 1]
+    assert lost and kept
+    for e in lost:
+        assert set(e.statuses) == {410}, e.statuses
+    for e in kept:
+        assert set(e.statuses) == {200} and e.reward == 1.0, e.statuses
+    assert [e.reward for e in fresh].count(1.0) == len(fresh)
+    # The stopped host's workers unregistered on their way out.
+    assert len(d.registered_workers()) == WORKERS_PER_HOST
+
+
+# Start-up -------------------------------------------------------------------------------------
+
+
+def test_unreachable_redis_at_start_up_is_one_error_line(short_tmp):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    code, _, stderr = run_module(
+        "serve", COUNTER, "--port", "0", "--claims", url, "--secret", "s", timeout=60,
+        cwd=short_tmp,
+    )  # fmt: skip
+    assert code == 2
+    assert (
+        stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"gym-sessions: error: cannot reach the claim store at {url}")
+    )
+
+
+def test_redis_claims_without_a_shared_secret_refuse_to_start(short_tmp, redis_server):
+    env = {k: v for k, v in os.environ.items() if k != "GYM_SESSIONS_SECRET"}
+    code, _, stderr = run_module(
+        "serve", COUNTER, "--port", "0", "--claims", redis_server.url, timeout=60,
+        cwd=short_tmp, env=env,
+    )  # fmt: skip
+    assert code == 2
+    assert "--secret" in stderr and "GYM_SESSIONS_SECRET" in stderr
