@@ -1,66 +1,107 @@
-"""Cost of `OwnedClaims.owner()`: this worker's claims (memory) vs another worker's (a file read).
+"""Cost of a claim lookup and a session-start claim: own (memory), file store, Redis store.
 
-In-process, no server: two `FileClaimStore` s share a claims directory in a
-temporary directory under /tmp (the filesystem of a real server's runtime
-directory); worker "w1" owns half of the sessions, worker "w2" the other half,
-and ``w1``'s `OwnedClaims.owner()` is timed for
+In-process, no server. Two workers, "w1" and "w2", share
 
-- own claims (the dict lookup every local request does),
-- another worker's claims (`FileClaimStore.read`: open, read, close; every
-  forwarded request does this on the accepting worker),
-- unclaimed ids (the file is missing; every session start and minted id),
+- a `FileClaimStore` directory in a temporary directory under /tmp (the
+  filesystem of a real server's runtime directory), and
+- a real ``redis-server`` on loopback (``gym_sessions.local_services.run_redis``)
+  through `RedisClaimStore`, each worker with its own client from
+  `connect_redis` (the product's pool, timeouts and retry), both workers
+  registered in Redis as a live server's workers are;
 
-plus `FileClaimStore.create` (a session start's claim). Each call is timed on its
-own with ``time.perf_counter_ns`` (the timer's own cost is measured and shown,
-not subtracted), and also in batches of 100 calls (mean per call).
+worker "w1" owns half of the sessions, worker "w2" the other half, and ``w1``
+times, awaiting each coroutine on the event loop uvicorn's workers run (uvloop
+when installed):
+
+- `OwnedClaims.owner` for its own claims (the dict lookup every local request does),
+- `OwnedClaims.owner` for another worker's claims, file store (open, read, close)
+  and Redis store (`RedisClaimStore.read`: one script round trip), which every
+  forwarded request does on the accepting worker; also `RedisClaimStore.read`
+  called directly,
+- `OwnedClaims.owner` for unclaimed ids (no file / no key),
+
+plus `create` (a session start's claim) on each store, and a few parts (the
+claim's sha256 name, a file read by hand, a Redis PING on the same client and
+over a bare asyncio stream, the round trip's floor without redis-py).
+Each call is timed on its own with ``time.perf_counter_ns`` around the
+``await`` (the timer's own cost is measured and shown, not subtracted), and
+also in batches of 100 calls (mean per call).
 
     .venv/bin/python benchmarks/claim_lookup.py [--calls 20000] [--claims 2000]
 
+Needs ``redis-server`` (``apt-get install -y redis-server``); exits 2 without it.
 Prints a Markdown table; writes benchmarks/results/claim_lookup.json and .png.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import _common
 from _common import markdown_table
 
-from gym_sessions.routing.claim_store import FileClaimStore, claim_file_name
+from gym_sessions.local_services import RedisProcess, require, run_redis
+from gym_sessions.routing.claim_store import FileClaimStore, claim_name
 from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.redis_claims import RedisClaimStore, WorkerRegistry, connect_redis
 
 BATCH = 100
+WINDOW = 300.0
+
+OWN = "owner(): own claim (memory)"
+OTHER_FILE = "owner(): other worker's claim, file store"
+OTHER_REDIS = "owner(): other worker's claim, Redis store"
+READ_REDIS = "RedisClaimStore.read: other worker's claim"
+UNCLAIMED_FILE = "owner(): unclaimed id, file store (no file)"
+UNCLAIMED_REDIS = "owner(): unclaimed id, Redis store (no key)"
+CREATE_FILE = "FileClaimStore.create (session start)"
+CREATE_REDIS = "RedisClaimStore.create (session start)"
+
+Call = Callable[[str], Awaitable[object]]
 
 
-def timed_each(call: Callable[[str], object], ids: list[str]) -> list[float]:
-    """Nanoseconds of each ``call(id)``."""
+async def timed_each(call: Call, ids: list[str]) -> list[float]:
+    """Nanoseconds of each ``await call(id)``."""
     clock = time.perf_counter_ns
     samples = []
     for sid in ids:
         started = clock()
-        call(sid)
+        await call(sid)
         samples.append(clock() - started)
     return samples
 
 
-def timed_batches(call: Callable[[str], object], ids: list[str]) -> list[float]:
-    """Mean nanoseconds per call over consecutive batches of ``BATCH`` calls."""
+async def timed_batches(call: Call, ids: list[str]) -> list[float]:
+    """Mean nanoseconds per ``await call(id)`` over consecutive batches of ``BATCH`` calls."""
     clock = time.perf_counter_ns
     samples = []
     for start in range(0, len(ids) - BATCH + 1, BATCH):
         chunk = ids[start : start + BATCH]
         started = clock()
         for sid in chunk:
-            call(sid)
+            await call(sid)
         samples.append((clock() - started) / BATCH)
     return samples
+
+
+def awaitable(function: Callable[[str], object]) -> Call:
+    """A coroutine function around a plain one (for the reference rows)."""
+
+    async def call(sid: str) -> object:
+        return function(sid)
+
+    return call
 
 
 def read_buffered(path: str) -> bytes:
@@ -76,117 +117,277 @@ def read_raw(path: str) -> bytes:
         os.close(fd)
 
 
+def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+    """The loop uvicorn's ``loop="auto"`` picks: uvloop when installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop, "asyncio"
+    return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
+
+
+def redis_store(url: str, worker: str) -> RedisClaimStore:
+    """Worker ``worker``'s Redis store, as `WorkerApp` builds it."""
+    registry = WorkerRegistry(connect_redis(url), worker)
+    return RedisClaimStore(registry.client, registry, WINDOW + 10.0)
+
+
+async def register_forever(store: RedisClaimStore, port: int) -> None:
+    """Register the store's worker, without the expiry a heartbeat would keep renewing.
+
+    A run is longer than a registration lives; without it every read of this
+    worker's claims would take the orphaned-claim path.
+    """
+    await store.registry.register("127.0.0.1", port)
+    await store.client.persist(store.registry.key_prefix + store.worker_id)
+
+
+async def measure(args: argparse.Namespace, claims_dir: str, redis_url: str) -> dict[str, Any]:
+    rng = random.Random(0)
+
+    def draw(pool: list[str]) -> list[str]:
+        return [rng.choice(pool) for _ in range(args.calls)]
+
+    def new_ids() -> list[str]:
+        return [uuid.uuid4().hex for _ in range(args.calls)]
+
+    def paths(pool: list[str]) -> list[str]:
+        return [os.path.join(claims_dir, claim_name(sid)) for sid in draw(pool)]
+
+    mine = OwnedClaims(FileClaimStore(claims_dir, "w1"), "w1", window=WINDOW)
+    theirs = OwnedClaims(FileClaimStore(claims_dir, "w2"), "w2", window=WINDOW)
+    redis_mine_store, redis_theirs_store = redis_store(redis_url, "w1"), redis_store(redis_url, "w2")
+    redis_creator = redis_store(redis_url, "w3")
+    stores = [redis_mine_store, redis_theirs_store, redis_creator]
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        for port, store in enumerate(stores, start=40001):
+            await register_forever(store, port)
+        redis_mine = OwnedClaims(redis_mine_store, "w1", window=WINDOW)
+        redis_theirs = OwnedClaims(redis_theirs_store, "w2", window=WINDOW)
+        own_ids = [uuid.uuid4().hex for _ in range(args.claims)]
+        other_ids = [uuid.uuid4().hex for _ in range(args.claims)]
+        for sid in own_ids:
+            assert await mine.claim(sid) is None
+            assert await redis_mine.claim(sid) is None
+        for sid in other_ids:
+            assert await theirs.claim(sid) is None
+            assert await redis_theirs.claim(sid) is None
+        for claims in (mine, redis_mine):
+            assert await claims.owner(own_ids[0]) == "w1"
+            assert await claims.owner(other_ids[0]) == "w2"
+            assert await claims.owner(uuid.uuid4().hex) is None
+
+        file_creator = FileClaimStore(claims_dir, "w3")
+        client = redis_mine_store.client
+
+        async def empty(sid: str) -> None:
+            return None
+
+        async def ping(sid: str) -> object:
+            return await client.ping()
+
+        # The floor under any client library: PING over a bare asyncio stream.
+        host, port = redis_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writers.append(writer)
+
+        async def bare_ping(sid: str) -> bytes:
+            writer.write(b"PING\r\n")
+            return await reader.readline()
+
+        # label -> (call, ids timed one by one, ids timed in batches; [] = no batches)
+        cases: dict[str, tuple[Call, list[str], list[str]]] = {
+            "timer only (perf_counter_ns pair)": (empty, [], []),  # special-cased below
+            "await of an empty coroutine": (empty, draw(own_ids), draw(own_ids)),
+            OWN: (mine.owner, draw(own_ids), draw(own_ids)),
+            OTHER_FILE: (mine.owner, draw(other_ids), draw(other_ids)),
+            OTHER_REDIS: (redis_mine.owner, draw(other_ids), draw(other_ids)),
+            READ_REDIS: (redis_mine_store.read, draw(other_ids), draw(other_ids)),
+            UNCLAIMED_FILE: (mine.owner, new_ids(), new_ids()),
+            UNCLAIMED_REDIS: (redis_mine.owner, new_ids(), new_ids()),
+            CREATE_FILE: (file_creator.create, new_ids(), []),
+            CREATE_REDIS: (redis_creator.create, new_ids(), []),
+            # Where the time goes (not product code: the same steps, by hand).
+            "part: claim_name (sha256 hex)": (awaitable(claim_name), draw(other_ids), []),
+            "part: open()+read() of a claim path (buffered)": (
+                awaitable(read_buffered),
+                paths(other_ids),
+                [],
+            ),
+            "part: os.open+os.read+os.close of a claim path (read_now's way)": (
+                awaitable(read_raw),
+                paths(other_ids),
+                [],
+            ),
+            "part: Redis PING on the same client (one round trip)": (ping, draw(own_ids), []),
+            "part: Redis PING over a bare asyncio stream (no redis-py)": (
+                bare_ping,
+                draw(own_ids),
+                [],
+            ),
+        }
+        results: dict[str, dict[str, Any]] = {}
+        for label, (call, each_ids, batch_ids) in cases.items():
+            if label.startswith("timer only"):
+                each = timer_only(args.calls)
+                batched: list[float] = []
+            else:
+                if "create" not in label:  # warm caches; create() cannot repeat an id
+                    for sid in each_ids[:500]:
+                        await call(sid)
+                each = [ns / 1000 for ns in await timed_each(call, each_ids)]
+                batched = [ns / 1000 for ns in await timed_batches(call, batch_ids)]
+            results[label] = {
+                "each_us": _common.summary(each),
+                "batched_mean_us": _common.summary(batched) if batched else None,
+            }
+            print(f"  {label}: p50 {results[label]['each_us']['p50']:.2f} us", flush=True)
+        # Every create above made a claim, none found one.
+        assert await file_creator.read(cases[CREATE_FILE][1][-1]) == "w3"
+        assert await redis_creator.read(cases[CREATE_REDIS][1][-1]) == "w3"
+        return results
+    finally:
+        for writer in writers:
+            writer.close()
+        for store in stores:
+            await store.close()
+
+
+def timer_only(calls: int) -> list[float]:
+    """Microseconds between two back-to-back ``perf_counter_ns`` calls."""
+    clock = time.perf_counter_ns
+    samples = []
+    for _ in range(calls):
+        started = clock()
+        samples.append(clock() - started)
+    return [ns / 1000 for ns in samples]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000, help="timed calls per case")
     parser.add_argument("--claims", type=int, default=2000, help="claims each worker holds")
     args = parser.parse_args()
+    try:
+        require("redis-server", "redis-server")
+    except FileNotFoundError as exc:
+        print(f"claim_lookup: {exc}", file=sys.stderr)
+        sys.exit(2)
     print(_common.load_note())
+    machine = _common.machine()  # before the run: its load average is the one at the start
+    loop_factory, loop_name = event_loop_factory()
 
     base = tempfile.mkdtemp(prefix="gs-claims-", dir="/tmp")
     try:
         claims_dir = os.path.join(base, "claims")
         os.mkdir(claims_dir, 0o700)
-        mine = OwnedClaims(FileClaimStore(claims_dir, "w1"), "w1", window=300)
-        theirs = OwnedClaims(FileClaimStore(claims_dir, "w2"), "w2", window=300)
-        own_ids = [uuid.uuid4().hex for _ in range(args.claims)]
-        other_ids = [uuid.uuid4().hex for _ in range(args.claims)]
-        for sid in own_ids:
-            assert mine.claim(sid) is None
-        for sid in other_ids:
-            assert theirs.claim(sid) is None
-        assert mine.owner(own_ids[0]) == "w1" and mine.owner(other_ids[0]) == "w2"
-
-        rng = random.Random(0)
-
-        def paths(pool: list[str]) -> list[str]:
-            return [os.path.join(claims_dir, claim_file_name(sid)) for sid in draw(pool)]
-
-        def draw(pool: list[str]) -> list[str]:
-            return [rng.choice(pool) for _ in range(args.calls)]
-
-        unclaimed = [uuid.uuid4().hex for _ in range(args.calls)]
-        fresh = [uuid.uuid4().hex for _ in range(args.calls)]
-        creator = FileClaimStore(claims_dir, "w3")
-        cases: dict[str, tuple[Callable[[str], object], list[str], list[str]]] = {
-            "timer only (perf_counter_ns pair)": (lambda sid: None, draw(own_ids), draw(own_ids)),
-            "owner(): own claim (memory)": (mine.owner, draw(own_ids), draw(own_ids)),
-            "owner(): other worker's claim (file read)": (
-                mine.owner,
-                draw(other_ids),
-                draw(other_ids),
-            ),
-            "owner(): unclaimed id (file missing)": (
-                mine.owner,
-                unclaimed,
-                [uuid.uuid4().hex for _ in range(args.calls)],
-            ),
-            "FileClaimStore.create (session start)": (creator.create, fresh, []),
-            # Where a file read's time goes (not product code: the same steps, by hand).
-            "part: claim_file_name (sha256 hex)": (claim_file_name, draw(other_ids), []),
-            "part: open()+read() of a claim path (buffered)": (
-                read_buffered,
-                paths(other_ids),
-                [],
-            ),
-            "alt: os.open+os.read+os.close of a claim path": (read_raw, paths(other_ids), []),
-        }
-        rows, report_cases = [], {}
-        for label, (call, each_ids, batch_ids) in cases.items():
-            if "create" not in label:  # warm caches; create() cannot repeat an id
-                for sid in each_ids[:500]:
-                    call(sid)
-            each = [ns / 1000 for ns in timed_each(call, each_ids)]
-            batched = [ns / 1000 for ns in timed_batches(call, batch_ids)] if batch_ids else []
-            stats = _common.summary(each)
-            report_cases[label] = {
-                "each_us": stats,
-                "batched_mean_us": _common.summary(batched) if batched else None,
-            }
-            rows.append(
-                [
-                    label,
-                    f"{stats['p50']:.2f}",
-                    f"{stats['p99']:.2f}",
-                    f"{_common.percentile(batched, 50):.3f}" if batched else "",
-                ]
-            )
+        with run_redis() as redis_server, asyncio.Runner(loop_factory=loop_factory) as runner:
+            redis_version = server_version(redis_server)
+            cases = runner.run(measure(args, claims_dir, redis_server.url))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
     print(
         f"\n{args.calls} calls per case, {args.claims} claims per worker, "
-        f"claims directory on {filesystem('/tmp')} under /tmp\n"
+        f"claims directory on {filesystem('/tmp')} under /tmp, {redis_version} on loopback, "
+        f"event loop {loop_name}\n"
     )
+    rows = [
+        [
+            label,
+            f"{case['each_us']['p50']:.2f}",
+            f"{case['each_us']['p99']:.2f}",
+            f"{case['batched_mean_us']['p50']:.3f}" if case["batched_mean_us"] else "",
+        ]
+        for label, case in cases.items()
+    ]
     print(
         markdown_table(
             ["case", "p50 us (each)", "p99 us (each)", f"p50 of {BATCH}-call batch means, us"],
             rows,
         )
     )
-    own = report_cases["owner(): own claim (memory)"]["each_us"]["p50"]
-    other = report_cases["owner(): other worker's claim (file read)"]["each_us"]["p50"]
-    print(f"\ntargets: own <= 1 us p50 (measured {own:.2f}), other <= 10 us p50 ({other:.2f})")
+
+    def p(label: str, q: str = "p50") -> float:
+        return cases[label]["each_us"][q]
+
+    ratios = {
+        "other_claim_redis_over_file_p50": p(OTHER_REDIS) / p(OTHER_FILE),
+        "other_claim_redis_over_file_p99": p(OTHER_REDIS, "p99") / p(OTHER_FILE, "p99"),
+        "create_redis_over_file_p50": p(CREATE_REDIS) / p(CREATE_FILE),
+        "create_redis_over_file_p99": p(CREATE_REDIS, "p99") / p(CREATE_FILE, "p99"),
+    }
+    print()
+    print(
+        markdown_table(
+            ["ratio (same run)", "p50", "p99"],
+            [
+                [
+                    "another worker's claim: Redis / file",
+                    f"{ratios['other_claim_redis_over_file_p50']:.1f}x",
+                    f"{ratios['other_claim_redis_over_file_p99']:.1f}x",
+                ],
+                [
+                    "session-start claim (create): Redis / file",
+                    f"{ratios['create_redis_over_file_p50']:.1f}x",
+                    f"{ratios['create_redis_over_file_p99']:.1f}x",
+                ],
+            ],
+        )
+    )
+    print(
+        f"\ntargets: own <= 1 us p50 (measured {p(OWN):.2f}), "
+        f"other (file) <= 10 us p50 ({p(OTHER_FILE):.2f})"
+    )
     report = {
-        "machine": _common.machine(),
+        "machine": machine,
         "calls": args.calls,
         "claims_per_worker": args.claims,
         "filesystem": filesystem("/tmp"),
-        "cases": report_cases,
-        "targets_us_p50": {"own": 1.0, "other": 10.0},
+        "redis": redis_version,
+        "redis_client": redis_client_note(),
+        "event_loop": loop_name,
+        "unit": "microseconds per awaited call, each timed with a perf_counter_ns pair",
+        "cases": cases,
+        "ratios_same_run": ratios,
+        "targets_us_p50": {"own": 1.0, "other_file": 10.0},
     }
     path = _common.write_json("claim_lookup", report)
 
     def plot(axes):  # type: ignore[no-untyped-def]
-        labels = [label for label in report_cases if label.startswith("owner") or "create" in label]
-        values = [report_cases[label]["each_us"]["p50"] for label in labels]
-        short = [label.replace(" (", "\n(", 1) for label in labels]
-        _common.bars(axes, short, values, "p50 us per call", fmt="%.2f")
+        labels = [OWN, OTHER_FILE, OTHER_REDIS, UNCLAIMED_FILE, UNCLAIMED_REDIS]
+        labels += [CREATE_FILE, CREATE_REDIS]
+        values = [cases[label]["each_us"]["p50"] for label in labels]
+        short = [label.replace("owner(): ", "").replace(", ", "\n", 1) for label in labels]
+        _common.bars(axes, short, values, "p50 us per call", fmt="%.1f")
         axes.set_yscale("log")
-        axes.set_title("Claim lookup cost per call (p50, individually timed)")
+        axes.set_title("Claim lookup and claim cost per call: file vs Redis (p50)")
 
-    _common.figure("claim_lookup", plot)
+    _common.figure("claim_lookup", plot, size=(8, 4.5))
     print(f"wrote {path} and claim_lookup.png")
+
+
+def server_version(server: RedisProcess) -> str:
+    """``redis-server`` version line, short."""
+    shown = subprocess.run(
+        [server.program, "--version"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    version = next((word for word in shown if word.startswith("v=")), "v=?")
+    return f"redis-server {version[2:]}"
+
+
+def redis_client_note() -> str:
+    """The redis-py version and whether its C parser (hiredis) is installed."""
+    import redis
+
+    try:
+        import hiredis  # noqa: F401
+    except ImportError:
+        parser = "pure-Python reply parser (hiredis not installed)"
+    else:
+        parser = "hiredis reply parser"
+    return f"redis-py {redis.__version__}, {parser}"
 
 
 def filesystem(path: str) -> str:

@@ -2,9 +2,10 @@
 
 Configurations, all serving ``envs.counter:CounterEnv`` on loopback, side by side:
 
-- nginx (Debian's, as a child process with its own temporary config) in front
-  of 4 single-worker ``gym-sessions serve`` servers, ``hash $http_x_session_id
-  consistent;`` with kept-alive upstream connections;
+- nginx (Debian's, a child process with its own temporary config, started by
+  ``gym_sessions.local_services.run_nginx(..., balance="sticky_header")``) in
+  front of 4 single-worker ``gym-sessions serve`` servers, ``hash
+  $http_x_session_id consistent;`` with kept-alive upstream connections;
 - our server with 4 routed workers;
 - our server with 1 worker;
 - our server with 4 workers and ``--no-routing`` (plain uvicorn workers).
@@ -18,7 +19,7 @@ per-round ratios.
 
     .venv/bin/python benchmarks/nginx_baseline.py [--episodes 400] [--rounds 5]
 
-Needs ``nginx`` on PATH (``apt-get install -y nginx``); exits 2 without it.
+Needs ``nginx`` (on PATH or in /usr/sbin; ``apt-get install -y nginx``); exits 2 without it.
 Prints a Markdown table; writes benchmarks/results/nginx_baseline.json and .png.
 """
 
@@ -26,20 +27,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
-from collections.abc import Iterator
 
 import _common
 from _common import markdown_table, run_load
 
+from gym_sessions.local_services import require, run_nginx
 from gym_sessions.server_process import start_server
 
 TARGET = "envs.counter:CounterEnv"
@@ -51,123 +46,27 @@ NO_ROUTING = "4 workers --no-routing"
 CONFIGS = (NGINX, OURS_4, OURS_1, NO_ROUTING)
 WARMUP = 100
 
-NGINX_CONF = """\
-worker_processes auto;
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {prefix}/client_body;
-    proxy_temp_path {prefix}/proxy;
-    fastcgi_temp_path {prefix}/fastcgi;
-    uwsgi_temp_path {prefix}/uwsgi;
-    scgi_temp_path {prefix}/scgi;
-    keepalive_requests 100000;
-    upstream gym {{
-        hash $http_x_session_id consistent;
-{servers}
-        keepalive 64;
-        keepalive_requests 100000;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://gym;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host $host;
-        }}
-    }}
-}}
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def nginx(upstreams: list[str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Run nginx in front of ``upstreams`` until the block ends; yields its URL and process."""
-    prefix = tempfile.mkdtemp(prefix="gs-nginx-", dir="/tmp")
-    os.chmod(prefix, 0o755)  # nginx workers may run as another user
-    port = free_port()
-    servers = "\n".join(f"        server {url.split('://', 1)[1]};" for url in upstreams)
-    conf = os.path.join(prefix, "nginx.conf")
-    with open(conf, "w") as file:
-        file.write(NGINX_CONF.format(prefix=prefix, servers=servers, port=port))
-    log = open(os.path.join(prefix, "stderr.log"), "wb")  # noqa: SIM115
-    process = subprocess.Popen(
-        [
-            "nginx",
-            "-c",
-            conf,
-            "-p",
-            prefix,
-            "-e",
-            os.path.join(prefix, "error.log"),
-            "-g",
-            "daemon off;",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"nginx exited ({process.returncode}): {nginx_log(prefix)}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as reply:
-                    reply.read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"nginx did not serve: {nginx_log(prefix)}") from None
-                time.sleep(0.1)
-        yield url, process
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        log.close()
-        shutil.rmtree(prefix, ignore_errors=True)
-
-
-def nginx_log(prefix: str) -> str:
-    text = []
-    for name in ("stderr.log", "error.log"):
-        with contextlib.suppress(OSError), open(os.path.join(prefix, name)) as file:
-            text.append(file.read()[-2000:])
-    return "\n".join(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=400, help="timed episodes per run")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    if shutil.which("nginx") is None:
-        print(
-            "nginx_baseline: nginx is not on PATH; install it (Debian: apt-get install -y nginx)",
-            file=sys.stderr,
-        )
+    try:
+        nginx_program = require("nginx", "nginx")
+    except FileNotFoundError as exc:
+        print(f"nginx_baseline: {exc}", file=sys.stderr)
         sys.exit(2)
     print(_common.load_note())
 
     runs: list[dict] = []
     with contextlib.ExitStack() as stack:
         backends = [stack.enter_context(start_server(TARGET, workers=1)) for _ in range(BACKENDS)]
-        front_url, front = stack.enter_context(nginx([b.url for b in backends]))
+        front = stack.enter_context(
+            run_nginx([b.url for b in backends], balance="sticky_header")
+        )
+        assert front.process is not None
         targets = {
-            NGINX: (front_url, [front.pid, *(b.process.pid for b in backends)]),
+            NGINX: (front.url, [front.process.pid, *(b.process.pid for b in backends)]),
         }
         for label, workers, extra in (
             (OURS_4, 4, ()),
@@ -262,7 +161,7 @@ def main() -> None:
         {
             "machine": _common.machine(),
             "nginx": subprocess.run(
-                ["nginx", "-v"], capture_output=True, text=True, check=False
+                [nginx_program, "-v"], capture_output=True, text=True, check=False
             ).stderr.strip(),
             "episodes_per_run": args.episodes,
             "rounds": args.rounds,

@@ -272,8 +272,9 @@ class OwnedClaims:
                     return
                 claim.expiring = expire
         except ClaimsUnavailableError:
-            # Nobody can claim while the store is unreachable; the sweep retries.
-            logger.warning("claim store unreachable: expiry of %r not updated", session_id)
+            # Nobody can claim while the store is unreachable; the sweep retries
+            # (the heartbeat already reports the outage, once per beat).
+            logger.debug("claim store unreachable: expiry of %r not updated", session_id)
         finally:
             claim.syncing = False
 

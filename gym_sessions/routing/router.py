@@ -191,7 +191,10 @@ class SessionRouter:
             if private and self.forward_signer is not None:
                 self.forward_signer.verify(scope, body)
             if not private and self.forwarder is not None:
-                owner = await self.claims.owner(sid)
+                # Nobody can hold an id minted just now: no store lookup (health
+                # checks and /spaces never wait on, or fail with, the store).
+                minted = routed.source is IdSource.MINTED
+                owner = None if minted else await self.claims.owner(sid)
                 if routed.claims_first and owner is None:
                     owner = await self.claims.claim(sid)
                 if owner is not None and owner != self.claims.worker_id:

@@ -165,8 +165,12 @@ class WorkerApp:
             self._listener = PrivateListener(self, host=self.settings.private_host)
             await self._listener.start()
             assert self._listener.address is not None
-            # Unreachable Redis fails the worker's start-up, like a bad port.
-            await self.registry.register(*self._listener.address)
+            try:
+                await self.registry.register(*self._listener.address)
+            except BaseException:
+                # Unreachable Redis fails the worker's start-up, like a bad port.
+                await self._listener.stop()
+                raise
             self._background.append(
                 asyncio.create_task(self.registry.run_heartbeat(self._restore_claims))
             )

@@ -293,6 +293,9 @@ async def test_lost_redis_gives_503_except_for_own_sessions_and_service_resumes(
         assert refused.status == 503, refused.json
         assert refused.json["error"]["code"] == "claims_unavailable"
     assert theirs not in c[0].server.counts and mine not in c[1].server.counts
+    # Requests that name no session never ask the store.
+    for path in ("/health", "/nothing"):
+        assert (await c[1].request("GET", path)).status == 200
 
     # Redis comes back empty (no persistence): each worker's heartbeat writes its
     # registration and its claims again, and routing resumes.
