@@ -289,13 +289,16 @@ class OwnedClaims:
             other = await self.store.create(sid)
             if other is not None and other != self.worker_id:
                 lost += 1
-                del self._claims[sid]
-                self._run_release_hooks(sid)
+                if self._claims.get(sid) is claim:
+                    del self._claims[sid]
+                    self._run_release_hooks(sid)
                 continue
-            claim.expiring = False
-            if claim.should_expire():
-                await self.store.expire(sid, self.window + EXPIRY_MARGIN_SECONDS)
-                claim.expiring = True
+            if self._claims.get(sid) is not claim or claim.syncing:
+                continue  # released meanwhile, or a sync is already writing it
+            # What the store holds is unknown (a fresh key, or one a reader gave
+            # an orphan's expiry): force one update to what the claim needs.
+            claim.expiring = not claim.should_expire()
+            await self._sync_store(sid, claim)
         return lost
 
     def _run_release_hooks(self, session_id: str) -> None:

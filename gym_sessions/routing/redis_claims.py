@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -55,6 +56,8 @@ KEY_PREFIX = "gym_sessions:"
 # a few times per period, so one slow Redis reply does not unregister a worker.
 REGISTRATION_SECONDS = 10.0
 HEARTBEAT_SECONDS = 2.0
+# Look for dead workers' forgotten claims about every 30 s (on each worker).
+REAP_EVERY_BEATS = 15
 _CONNECT_TIMEOUT_SECONDS = 1.0
 _REPLY_TIMEOUT_SECONDS = 2.0
 _ADDRESS_CACHE_SIZE = 4096
@@ -62,10 +65,19 @@ _MAX_CONNECTIONS = 32
 
 _T = TypeVar("_T")
 
-# Claim this worker's id for KEYS[1] unless it is claimed; reply the holder if it is.
+# Every claim script gets KEYS = [claim key, this worker's claim index] and
+# ARGV = [worker id, claim name, ...]. The index (a set of claim names per
+# worker) lets the reaper find a dead worker's claims that nobody asks about.
+
+# Claim unless claimed; reply the holder if claimed (our own id included).
 _CREATE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX') then return false end
-return redis.call('GET', KEYS[1])
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  redis.call('SADD', KEYS[2], ARGV[2])
+  return false
+end
+local owner = redis.call('GET', KEYS[1])
+if owner == ARGV[1] then redis.call('SADD', KEYS[2], ARGV[2]) end
+return owner
 """
 # The claimant of KEYS[1] and its registered address (ARGV[1] is the
 # registration key prefix). An orphaned claim (no registration) gets an expiry
@@ -79,6 +91,7 @@ if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]
 return {owner}
 """
 _REMOVE = """
+redis.call('SREM', KEYS[2], ARGV[2])
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
@@ -86,12 +99,30 @@ return 0
 _HOLD = """
 local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then redis.call('PERSIST', KEYS[1]) return 1 end
-if not owner then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
-return 0
+if owner then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[2])
+return 1
 """
 _EXPIRE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 0
+"""
+# KEYS = [a worker's claim index, its registration]; ARGV = [its id, orphan ms,
+# claim key prefix]. If the worker is unregistered, give each of its claims
+# without expiry the orphan expiry, and drop the index.
+_REAP = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local reaped = 0
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local key = ARGV[3] .. name
+  if redis.call('GET', key) == ARGV[1] and redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIRE', key, ARGV[2])
+    reaped = reaped + 1
+  end
+end
+redis.call('DEL', KEYS[1])
+return reaped
 """
 
 
@@ -200,17 +231,29 @@ class WorkerRegistry:
         """Remove this worker's registration: its sessions get 410 at once."""
         await _call(self.client.delete(self.key_prefix + self.worker_id))
 
-    async def run_heartbeat(self, on_lapse: Callable[[], Awaitable[object]]) -> None:
-        """Renew until cancelled; after a lapse (Redis lost its data, or was
-        unreachable past the registration's expiry) call ``on_lapse``."""
+    async def run_heartbeat(
+        self,
+        on_lapse: Callable[[], Awaitable[object]],
+        reap: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        """Renew until cancelled.
+
+        After a lapse (Redis lost its data, or was unreachable past the
+        registration's expiry) call ``on_lapse``; every `REAP_EVERY_BEATS`
+        beats (from a random first beat, so workers take turns) call ``reap``.
+        """
         restore_pending = False
+        beat = secrets.randbelow(REAP_EVERY_BEATS)
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
+            beat += 1
             try:
                 if not await self.renew() or restore_pending:
                     restore_pending = True
                     await on_lapse()
                     restore_pending = False
+                if reap is not None and beat % REAP_EVERY_BEATS == 0:
+                    await reap()
             except ClaimsUnavailableError as exc:
                 logger.warning("worker %s: claim store unreachable: %s", self.worker_id, exc)
             except Exception:
@@ -245,15 +288,29 @@ class RedisClaimStore:
         self._remove = client.register_script(_REMOVE)
         self._hold = client.register_script(_HOLD)
         self._expire = client.register_script(_EXPIRE)
+        self._reap = client.register_script(_REAP)
         self.orphan_ms = max(1, int(orphan_seconds * 1000))
+        self.index_key = self.index_prefix + self.worker_id
 
-    @staticmethod
-    def key(session_id: str) -> str:
+    claim_prefix = KEY_PREFIX + "claim:"
+    index_prefix = KEY_PREFIX + "claims_of:"
+
+    @classmethod
+    def key(cls, session_id: str) -> str:
         """The Redis key of a session's claim."""
-        return KEY_PREFIX + "claim:" + claim_name(session_id)
+        return cls.claim_prefix + claim_name(session_id)
+
+    def _run(self, script: Any, session_id: str, *extra: object) -> Awaitable[Any]:
+        name = claim_name(session_id)
+        return _call(
+            script(
+                keys=[self.claim_prefix + name, self.index_key],
+                args=[self.worker_id, name, *extra],
+            )
+        )
 
     async def create(self, session_id: str) -> str | None:
-        return await _call(self._create(keys=[self.key(session_id)], args=[self.worker_id]))
+        return await self._run(self._create, session_id)
 
     async def read(self, session_id: str) -> str | None:
         found: Any = await _call(
@@ -269,17 +326,40 @@ class RedisClaimStore:
         return owner
 
     async def remove(self, session_id: str) -> None:
-        await _call(self._remove(keys=[self.key(session_id)], args=[self.worker_id]))
+        await self._run(self._remove, session_id)
 
     async def hold(self, session_id: str) -> bool:
-        return bool(await _call(self._hold(keys=[self.key(session_id)], args=[self.worker_id])))
+        return bool(await self._run(self._hold, session_id))
 
     async def expire(self, session_id: str, seconds: float) -> None:
-        await _call(
-            self._expire(
-                keys=[self.key(session_id)], args=[self.worker_id, max(1, int(seconds * 1000))]
+        await self._run(self._expire, session_id, max(1, int(seconds * 1000)))
+
+    async def reap_orphans(self) -> int:
+        """Give the claims of unregistered workers an expiry; returns how many.
+
+        A reader already does this for a claim it finds; this finds the ones
+        nobody asks about (sessions that were open when their worker died),
+        so Redis does not keep them forever.
+        """
+        try:
+            index_keys = [
+                key async for key in self.client.scan_iter(match=self.index_prefix + "*", count=200)
+            ]
+        except (redis.RedisError, OSError) as exc:
+            raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
+        reaped = 0
+        for index_key in index_keys:
+            worker_id = index_key[len(self.index_prefix) :]
+            if worker_id == self.worker_id:
+                continue
+            found = await _call(
+                self._reap(
+                    keys=[index_key, self.registry.key_prefix + worker_id],
+                    args=[worker_id, self.orphan_ms, self.claim_prefix],
+                )
             )
-        )
+            reaped += max(0, int(found))
+        return reaped
 
     async def close(self) -> None:
         """Close the client's connections."""

@@ -172,13 +172,24 @@ class WorkerApp:
                 await self._listener.stop()
                 raise
             self._background.append(
-                asyncio.create_task(self.registry.run_heartbeat(self._restore_claims))
+                asyncio.create_task(
+                    self.registry.run_heartbeat(self._restore_claims, self._reap_orphans)
+                )
             )
         self._background += [
             asyncio.create_task(self.claims.run_sweeper()),
             asyncio.create_task(self.server.background()),
         ]
         logger.debug("worker %s started", self.worker_id)
+
+    async def _reap_orphans(self) -> None:
+        store = self.claims.store
+        assert isinstance(store, RedisClaimStore)
+        reaped = await store.reap_orphans()
+        if reaped:
+            logger.info(
+                "worker %s: %d claims of dead workers set to expire", self.worker_id, reaped
+            )
 
     async def _restore_claims(self) -> None:
         lost = await self.claims.restore()

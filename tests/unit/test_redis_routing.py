@@ -355,3 +355,52 @@ def test_one_worker_with_redis_claims_still_routes():
 async def test_local_store_never_expires():
     assert LocalClaimStore.expires is False
     assert await LocalClaimStore().hold("x") is True
+
+
+async def test_the_reaper_expires_a_dead_workers_forgotten_claims_only(hosts):
+    c = await hosts(3)
+    forgotten, alive = new_id(), new_id()
+    await start(c[0], forgotten)  # open when its worker dies; nobody asks for it again
+    await start(c[1], alive)
+    await crash(c[0])
+    store = c[2].app.claims.store
+    assert await store.reap_orphans() == 0  # still registered: maybe only cut off for a beat
+    c.redis().delete(KEY_PREFIX + "worker:" + c[0].id)
+    assert await store.reap_orphans() == 1
+    ttl = c.redis().pttl(RedisClaimStore.key(forgotten))
+    assert 0 < ttl <= (WINDOW + EXPIRY_MARGIN_SECONDS) * 1000
+    assert not c.redis().exists(RedisClaimStore.index_prefix + c[0].id)
+    # The live worker's claim and index are untouched.
+    assert c.redis().pttl(RedisClaimStore.key(alive)) == -1
+    assert c.redis().sismember(
+        RedisClaimStore.index_prefix + c[1].id, RedisClaimStore.key(alive).rsplit(":", 1)[1]
+    )
+    assert await store.reap_orphans() == 0
+
+
+async def test_a_released_claim_leaves_no_index_entry(hosts):
+    c = await hosts(2)
+    sid = new_id()
+    await start(c[0], sid)
+    index = RedisClaimStore.index_prefix + c[0].id
+    assert c.redis().scard(index) == 1
+    await c[1].request("POST", "/close_session", {"resources_session_id": sid})
+    assert await wait_until(lambda: c.claim_owner(sid) is None, within=WINDOW + 3)
+    assert await wait_until(lambda: c.redis().scard(index) == 0, within=1)
+
+
+async def test_a_worker_whose_registration_lapsed_takes_its_claims_back(hosts):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    # Cut off long enough for its registration to expire: readers see it as
+    # dead (410) and give its open session's claim an orphan's expiry.
+    c.redis().delete(KEY_PREFIX + "worker:" + c[0].id)
+    assert (await c[1].request("POST", "/touch", cookie=reply.cookie)).status == 410
+    assert c.redis().pttl(RedisClaimStore.key(sid)) > 0
+    # Its next heartbeat registers it again and holds the open claim without expiry.
+    assert await wait_until(
+        lambda: c.redis().pttl(RedisClaimStore.key(sid)) == -1, within=HEARTBEAT_SECONDS * 3
+    )
+    touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    assert touched.status == 200 and touched.json == {"worker": c[0].id, "sid": sid, "count": 1}
