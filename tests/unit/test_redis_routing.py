@@ -26,7 +26,8 @@ from gym_sessions.routing.redis_claims import (
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.settings import SECRET_ENV, Settings
 
-from .cluster import SECRET, Cluster, Worker, new_id, wait_until
+from .cluster import SECRET, Cluster, Worker, count_call, new_id, wait_until
+from .probe_agent import ProbeAgent
 from .probe_server import ProbeServer
 
 WINDOW = 1.0
@@ -35,10 +36,11 @@ STARTS = ("/seed_session", "/reset", "/blind_start")
 
 @pytest.fixture
 def hosts(start_clusters, redis_server):
-    async def make(n: int = 2, **kw) -> Cluster:
+    async def make(n: int = 2, server=ProbeServer, **kw) -> Cluster:
         kw.setdefault("session_close_retry_window_seconds", WINDOW)
-        kw.setdefault("checkpoint_session_starts", STARTS)
-        return await start_clusters(ProbeServer, n, claims=redis_server.url, **kw)
+        if server is ProbeServer:
+            kw.setdefault("checkpoint_session_starts", STARTS)
+        return await start_clusters(server, n, claims=redis_server.url, **kw)
 
     return make
 
@@ -75,6 +77,39 @@ async def test_a_start_claims_in_redis_and_the_other_host_forwards_to_it(hosts):
         assert touched.status == 200
         assert touched.json == {"worker": c[0].id, "sid": sid, "count": expected}
     assert c[1].server.counts == {}
+
+
+async def test_mcp_tool_calls_with_only_the_token_reach_the_claimant_host(hosts):
+    c = await hosts(3)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    token = reply.json["mcp"]["headers"]["X-Gym-Session-Token"]
+    for i in range(1, 4):
+        await c[0].request("POST", "/touch", cookie=reply.cookie)
+        called = await c[i % 3].request(
+            "POST", "/mcp", count_call(i), headers={"X-Gym-Session-Token": token}
+        )
+        assert called.status == 200
+        assert called.json["result"]["structuredContent"] == {
+            "worker": c[0].id,
+            "sid": sid,
+            "count": i,
+        }
+
+
+async def test_agent_sessions_route_across_hosts_and_release_after_the_receipt(hosts):
+    c = await hosts(3, server=ProbeAgent)
+    sid = new_id()
+    seeded = await c[1].request("POST", "/v1/agent_sessions", {"agent_session_id": sid})
+    assert seeded.status == 200 and c.claim_owner(sid) == c[1].id
+    for i in range(4):
+        bumped = await c[i % 3].request("POST", "/bump", cookie=seeded.cookie)
+        assert bumped.json == {"worker": c[1].id, "n": i + 1}
+    closed = await c[2].request("POST", "/v1/agent_sessions/close", {"agent_session_id": sid})
+    assert closed.json["outcome"] == "closed" and closed.json["worker"] == c[1].id
+    again = await c[0].request("POST", "/v1/agent_sessions/close", {"agent_session_id": sid})
+    assert again.json == closed.json
+    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
 
 
 async def test_every_worker_registers_a_private_tcp_address(hosts):
