@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from envs.counter_load import client_session, make_episodes, play, play_all
+from envs.counter_load import Episode, client_session, make_episodes, play, play_all
 from gym_sessions.local_services import NginxProcess, RedisProcess, free_port
 from gym_sessions.routing.redis_claims import KEY_PREFIX, RedisClaimStore
 from gym_sessions.server_process import ServerProcess
@@ -237,3 +237,55 @@ def test_redis_claims_without_a_shared_secret_refuse_to_start(short_tmp, redis_s
     )  # fmt: skip
     assert code == 2
     assert "--secret" in stderr and "GYM_SESSIONS_SECRET" in stderr
+
+
+def test_redis_lost_while_serving_gives_503_then_service_resumes(deploy):
+    d = deploy()
+    episodes = make_episodes(40, seed=14)
+    cookies: dict[str, str] = {}
+    done: dict[str, int] = {e.session_id: 0 for e in episodes}  # steps applied so far
+
+    async def step(client, e) -> int:
+        headers = {"Cookie": f"gym_session={cookies[e.session_id]}"}
+        body = {"action": e.increments[done[e.session_id]]}
+        async with client.post(d.url + "/step", json=body, headers=headers) as reply:
+            data = await reply.json()
+            if reply.status == 200:
+                done[e.session_id] += 1
+            else:
+                e.error_codes.append(data["error"]["code"])
+            return reply.status
+
+    async def outage() -> list[int]:
+        async with client_session() as client:
+            await asyncio.gather(*[_start(client, d.url, e, cookies) for e in episodes])
+            d.redis.stop()
+            return await asyncio.gather(*[step(client, e) for e in episodes])
+
+    statuses = asyncio.run(outage())
+    # Served by the claimant from memory, or refused: never run on another worker.
+    assert set(statuses) <= {200, 503}
+    assert 503 in statuses
+    assert {code for e in episodes for code in e.error_codes} == {"claims_unavailable"}
+
+    d.redis.start()  # empty: the workers' heartbeats write their claims back
+    deadline = time.monotonic() + 20
+    while not all(d.owner(e.session_id) for e in episodes) or len(d.registered_workers()) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+    async def resume() -> list[float | None]:
+        async with client_session() as client:
+
+            async def rest(e) -> float | None:
+                while done[e.session_id] < len(e.increments):
+                    assert await step(client, e) == 200
+                # Verify and close (no steps left).
+                tail = Episode(e.session_id, e.initial, [])
+                await _finish(client, d.url, tail, cookies)
+                assert set(tail.statuses) == {200}
+                return tail.reward
+
+            return await asyncio.gather(*[rest(e) for e in episodes])
+
+    assert asyncio.run(resume()) == [1.0] * len(episodes)
