@@ -25,9 +25,11 @@ claim's sha256 name, a file read by hand, a Redis PING on the same client and
 over a bare asyncio stream, the round trip's floor without redis-py).
 Each call is timed on its own with ``time.perf_counter_ns`` around the
 ``await`` (the timer's own cost is measured and shown, not subtracted), and
-also in batches of 100 calls (mean per call).
+also in batches of 100 calls (mean per call). The cases alternate in
+``--rounds`` interleaved rounds, each timing a slice of every case's calls, so
+the shared machine's busy spells spread over all of them.
 
-    .venv/bin/python benchmarks/claim_lookup.py [--calls 20000] [--claims 2000]
+    .venv/bin/python benchmarks/claim_lookup.py [--calls 20000] [--claims 2000] [--rounds 10]
 
 Needs ``redis-server`` (``apt-get install -y redis-server``); exits 2 without it.
 Prints a Markdown table; writes benchmarks/results/claim_lookup.json and .png.
@@ -59,6 +61,7 @@ from gym_sessions.routing.redis_claims import RedisClaimStore, WorkerRegistry, c
 BATCH = 100
 WINDOW = 300.0
 
+TIMER = "timer only (perf_counter_ns pair)"
 OWN = "owner(): own claim (memory)"
 OTHER_FILE = "owner(): other worker's claim, file store"
 OTHER_REDIS = "owner(): other worker's claim, Redis store"
@@ -156,13 +159,14 @@ async def measure(args: argparse.Namespace, claims_dir: str, redis_url: str) -> 
 
     mine = OwnedClaims(FileClaimStore(claims_dir, "w1"), "w1", window=WINDOW)
     theirs = OwnedClaims(FileClaimStore(claims_dir, "w2"), "w2", window=WINDOW)
-    redis_mine_store, redis_theirs_store = redis_store(redis_url, "w1"), redis_store(redis_url, "w2")
+    redis_mine_store = redis_store(redis_url, "w1")
+    redis_theirs_store = redis_store(redis_url, "w2")
     redis_creator = redis_store(redis_url, "w3")
     stores = [redis_mine_store, redis_theirs_store, redis_creator]
     writers: list[asyncio.StreamWriter] = []
     try:
-        for port, store in enumerate(stores, start=40001):
-            await register_forever(store, port)
+        for fake_port, store in enumerate(stores, start=40001):  # never connected to
+            await register_forever(store, fake_port)
         redis_mine = OwnedClaims(redis_mine_store, "w1", window=WINDOW)
         redis_theirs = OwnedClaims(redis_theirs_store, "w2", window=WINDOW)
         own_ids = [uuid.uuid4().hex for _ in range(args.claims)]
@@ -188,8 +192,8 @@ async def measure(args: argparse.Namespace, claims_dir: str, redis_url: str) -> 
             return await client.ping()
 
         # The floor under any client library: PING over a bare asyncio stream.
-        host, port = redis_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        redis_host, redis_port = redis_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(redis_host, int(redis_port))
         writers.append(writer)
 
         async def bare_ping(sid: str) -> bytes:
@@ -198,7 +202,7 @@ async def measure(args: argparse.Namespace, claims_dir: str, redis_url: str) -> 
 
         # label -> (call, ids timed one by one, ids timed in batches; [] = no batches)
         cases: dict[str, tuple[Call, list[str], list[str]]] = {
-            "timer only (perf_counter_ns pair)": (empty, [], []),  # special-cased below
+            TIMER: (empty, [], []),  # timed without a call, below
             "await of an empty coroutine": (empty, draw(own_ids), draw(own_ids)),
             OWN: (mine.owner, draw(own_ids), draw(own_ids)),
             OTHER_FILE: (mine.owner, draw(other_ids), draw(other_ids)),
@@ -227,25 +231,44 @@ async def measure(args: argparse.Namespace, claims_dir: str, redis_url: str) -> 
                 [],
             ),
         }
+        # Warm caches first; create() cannot repeat an id, so it gets no warm-up.
+        for label, (call, each_ids, _) in cases.items():
+            if "create" not in label:
+                for sid in each_ids[:500]:
+                    await call(sid)
+        # The cases alternate in rounds (order rotating), so a busy spell of the
+        # shared machine hits them all alike; each round times a slice of each
+        # case's ids.
+        labels = list(cases)
+        each_ns: dict[str, list[float]] = {label: [] for label in labels}
+        batch_ns: dict[str, list[float]] = {label: [] for label in labels}
+        for r in range(args.rounds):
+            shift = r % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                call, each_ids, batch_ids = cases[label]
+                if label == TIMER:
+                    each_ns[label] += timer_only(args.calls // args.rounds)
+                    continue
+                each_ns[label] += await timed_each(call, round_slice(each_ids, r, args.rounds))
+                batch_ns[label] += await timed_batches(call, round_slice(batch_ids, r, args.rounds))
         results: dict[str, dict[str, Any]] = {}
-        for label, (call, each_ids, batch_ids) in cases.items():
-            if label.startswith("timer only"):
-                each = timer_only(args.calls)
-                batched: list[float] = []
-            else:
-                if "create" not in label:  # warm caches; create() cannot repeat an id
-                    for sid in each_ids[:500]:
-                        await call(sid)
-                each = [ns / 1000 for ns in await timed_each(call, each_ids)]
-                batched = [ns / 1000 for ns in await timed_batches(call, batch_ids)]
+        for label in labels:
+            each = [ns / 1000 for ns in each_ns[label]]
+            batched = [ns / 1000 for ns in batch_ns[label]]
             results[label] = {
                 "each_us": _common.summary(each),
                 "batched_mean_us": _common.summary(batched) if batched else None,
             }
-            print(f"  {label}: p50 {results[label]['each_us']['p50']:.2f} us", flush=True)
-        # Every create above made a claim, none found one.
-        assert await file_creator.read(cases[CREATE_FILE][1][-1]) == "w3"
-        assert await redis_creator.read(cases[CREATE_REDIS][1][-1]) == "w3"
+        # The last timed create of each store made its claim.
+        last = args.rounds - 1
+        assert (
+            await file_creator.read(round_slice(cases[CREATE_FILE][1], last, args.rounds)[-1])
+            == "w3"
+        )
+        assert (
+            await redis_creator.read(round_slice(cases[CREATE_REDIS][1], last, args.rounds)[-1])
+            == "w3"
+        )
         return results
     finally:
         for writer in writers:
@@ -255,19 +278,26 @@ async def measure(args: argparse.Namespace, claims_dir: str, redis_url: str) -> 
 
 
 def timer_only(calls: int) -> list[float]:
-    """Microseconds between two back-to-back ``perf_counter_ns`` calls."""
+    """Nanoseconds between two back-to-back ``perf_counter_ns`` calls."""
     clock = time.perf_counter_ns
     samples = []
     for _ in range(calls):
         started = clock()
         samples.append(clock() - started)
-    return [ns / 1000 for ns in samples]
+    return samples
+
+
+def round_slice(ids: list[str], r: int, rounds: int) -> list[str]:
+    """Round ``r``'s share of ``ids``."""
+    size = len(ids) // rounds
+    return ids[r * size : (r + 1) * size]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000, help="timed calls per case")
     parser.add_argument("--claims", type=int, default=2000, help="claims each worker holds")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
     args = parser.parse_args()
     try:
         require("redis-server", "redis-server")
@@ -289,7 +319,8 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
     print(
-        f"\n{args.calls} calls per case, {args.claims} claims per worker, "
+        f"\n{args.calls} calls per case in {args.rounds} interleaved rounds, "
+        f"{args.claims} claims per worker, "
         f"claims directory on {filesystem('/tmp')} under /tmp, {redis_version} on loopback, "
         f"event loop {loop_name}\n"
     )
@@ -343,6 +374,7 @@ def main() -> None:
     report = {
         "machine": machine,
         "calls": args.calls,
+        "rounds": args.rounds,
         "claims_per_worker": args.claims,
         "filesystem": filesystem("/tmp"),
         "redis": redis_version,
@@ -356,11 +388,17 @@ def main() -> None:
     path = _common.write_json("claim_lookup", report)
 
     def plot(axes):  # type: ignore[no-untyped-def]
-        labels = [OWN, OTHER_FILE, OTHER_REDIS, UNCLAIMED_FILE, UNCLAIMED_REDIS]
-        labels += [CREATE_FILE, CREATE_REDIS]
-        values = [cases[label]["each_us"]["p50"] for label in labels]
-        short = [label.replace("owner(): ", "").replace(", ", "\n", 1) for label in labels]
-        _common.bars(axes, short, values, "p50 us per call", fmt="%.1f")
+        short = {
+            OWN: "own claim\n(memory)",
+            OTHER_FILE: "other worker's\nfile",
+            OTHER_REDIS: "other worker's\nRedis",
+            UNCLAIMED_FILE: "unclaimed\nfile",
+            UNCLAIMED_REDIS: "unclaimed\nRedis",
+            CREATE_FILE: "create\nfile",
+            CREATE_REDIS: "create\nRedis",
+        }
+        values = [cases[label]["each_us"]["p50"] for label in short]
+        _common.bars(axes, list(short.values()), values, "p50 us per call", fmt="%.1f")
         axes.set_yscale("log")
         axes.set_title("Claim lookup and claim cost per call: file vs Redis (p50)")
 

@@ -28,13 +28,16 @@ forwarded it (absent when served where it arrived). The classes:
   host (the same mechanism; on one machine "another host" is another port on
   127.0.0.1, so a real network's round trip comes on top).
 
+In process, the script also times `ForwardSigner` signing and verifying a
+``/step`` with a session cookie (the hop's only cryptographic work).
+
 A request served otherwise than its class says (wrong worker, or forwarded when
 it should not be) stops the run, as does a wrong count. The classes run in
 interleaved rounds (a batch of each per round, the order rotating, the
 claimant and the forwarding worker rotating); ratios are the median of
 per-round ratios, since the machine is shared and noisy.
 
-    .venv/bin/python benchmarks/cross_host.py [--rounds 30] [--batch 100]
+    .venv/bin/python benchmarks/cross_host.py [--rounds 40] [--batch 100]
 
 Needs ``redis-server`` (``apt-get install -y redis-server``); exits 2 without it.
 Prints Markdown tables; writes benchmarks/results/cross_host.json and .png.
@@ -58,6 +61,7 @@ from _common import RawConnection, connections_by_worker, markdown_table
 from routing_cost import SteppedSession, round_order
 
 from gym_sessions.local_services import require, run_redis
+from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.server_process import ServerProcess, start_server
 
 TARGET = "envs.counter:CounterEnv"
@@ -200,9 +204,35 @@ class Batches:
         }
 
 
+def signature_cost(calls: int = 20000) -> dict[str, dict[str, float]]:
+    """In-process microseconds to sign and to verify a forwarded ``/step`` (`ForwardSigner`)."""
+    signer = ForwardSigner(secrets.token_hex(32))
+    cookie = b"gym_session=" + secrets.token_urlsafe(150).encode()  # about a real cookie's size
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/step",
+        "raw_path": b"/step",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"cookie", cookie)],
+    }
+    body = b'{"action": 1}'
+    clock = time.perf_counter_ns
+    sign, verify = [], []
+    for _ in range(calls):
+        started = clock()
+        header = signer.header(scope, body)
+        sign.append((clock() - started) / 1000)
+        signed = {**scope, "headers": [*scope["headers"], header]}
+        started = clock()
+        signer.verify(signed, body)
+        verify.append((clock() - started) / 1000)
+    return {"sign_us": _common.summary(sign), "verify_us": _common.summary(verify)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--batch", type=int, default=100, help="steps per class per round")
     parser.add_argument("--warmup", type=int, default=200, help="unrecorded steps per class")
     args = parser.parse_args()
@@ -272,6 +302,7 @@ def main() -> None:
         }
 
     report = summarize(per_round, args, machine)
+    report["signature_in_process"] = signature_cost()
     report["redis"] = f"redis-server {redis_info}"
     report["redis_commands_during_run"] = commands
     report["seconds_total"] = time.monotonic() - started
@@ -313,7 +344,7 @@ def summarize(
         "warmup": args.warmup,
         "workers_per_server": WORKERS_PER_SERVER,
         "unit": "ms per request, client-side wall time of one sequential /step",
-        "classified_by": "x-gym-worker and x-gym-forwarded-by reply headers (--debug-worker-header)",
+        "classified_by": "x-gym-worker / x-gym-forwarded-by reply headers (--debug-worker-header)",
         "pooled": pooled,
         "per_round_p50": p50s,
         "per_round_p99": p99s,
@@ -368,6 +399,11 @@ def print_report(report: dict[str, Any]) -> None:
         f"cross-host hop / one-host file hop, p50: {other['over_forwarded_file_p50']:.2f}\n"
         f"cross-host hop / one-host Redis hop, p50: "
         f"{other['over_forwarded_redis_same_host_p50']:.2f}"
+    )
+    signature = report["signature_in_process"]
+    print(
+        f"forward signature, in process: sign p50 {signature['sign_us']['p50']:.1f} us, "
+        f"verify p50 {signature['verify_us']['p50']:.1f} us"
     )
 
 

@@ -46,6 +46,7 @@ NO_ROUTING = "4 workers --no-routing"
 CONFIGS = (NGINX, OURS_4, OURS_1, NO_ROUTING)
 WARMUP = 100
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=400, help="timed episodes per run")
@@ -61,9 +62,7 @@ def main() -> None:
     runs: list[dict] = []
     with contextlib.ExitStack() as stack:
         backends = [stack.enter_context(start_server(TARGET, workers=1)) for _ in range(BACKENDS)]
-        front = stack.enter_context(
-            run_nginx([b.url for b in backends], balance="sticky_header")
-        )
+        front = stack.enter_context(run_nginx([b.url for b in backends], balance="sticky_header"))
         assert front.process is not None
         targets = {
             NGINX: (front.url, [front.process.pid, *(b.process.pid for b in backends)]),
