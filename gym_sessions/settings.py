@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import secrets
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,21 @@ _MIB = 1024 * 1024
 
 
 _CLAIM_STORES = ("file", "redis://", "rediss://", "unix://")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _redis_is_local(url: str) -> bool:
+    """Whether a Redis URL points at this machine (so its workers all are here too)."""
+    if url.startswith("unix://"):
+        return True
+    host = urllib.parse.urlsplit(url).hostname
+    return host is None or _is_loopback(host)
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,12 @@ class Settings:
             if self.private_host in ("0.0.0.0", "::", ""):
                 raise ValueError(
                     "private_host must be an address other hosts can reach, not a wildcard"
+                )
+            if _is_loopback(self.private_host) and not _redis_is_local(self.claims):
+                raise ValueError(
+                    f"private_host {self.private_host} is loopback but Redis is on another "
+                    "host: other hosts could not reach this host's workers; pass "
+                    "--private-host with this host's network address"
                 )
         object.__setattr__(self, "checkpoint_session_starts", tuple(self.checkpoint_session_starts))
 

@@ -57,8 +57,11 @@ class ClaimStore(Protocol):
     async def hold(self, session_id: str) -> bool:
         """Keep this worker's claim without expiry; ``False`` if another worker holds it now."""
 
-    async def expire(self, session_id: str, seconds: float) -> None:
-        """Let this worker's claim end by itself ``seconds`` from now."""
+    async def expire(self, session_id: str, seconds: float) -> bool:
+        """Let this worker's claim end by itself ``seconds`` from now.
+
+        Writes the claim again if it is gone; ``False`` if another worker holds it.
+        """
 
 
 def claim_name(session_id: str) -> str:
@@ -92,8 +95,8 @@ class FileClaimStore:
     async def hold(self, session_id: str) -> bool:
         return True
 
-    async def expire(self, session_id: str, seconds: float) -> None:
-        return None
+    async def expire(self, session_id: str, seconds: float) -> bool:
+        return True
 
     def create_now(self, session_id: str) -> str | None:
         """`create` without a coroutine (benchmarks, tests)."""
@@ -149,5 +152,5 @@ class LocalClaimStore:
     async def hold(self, session_id: str) -> bool:
         return True
 
-    async def expire(self, session_id: str, seconds: float) -> None:
-        return None
+    async def expire(self, session_id: str, seconds: float) -> bool:
+        return True

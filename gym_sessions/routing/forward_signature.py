@@ -2,13 +2,18 @@
 
 A worker's private TCP listener is reachable from the network, so it must not
 become a way around routing ("always served here") or around authentication.
-Every forwarded request carries ``x-gym-forward-signature: <unix time>.<hex>``,
-an HMAC-SHA256 with a key derived from the server secret over the time, the
-method, the target, the session credentials (``cookie`` and the session token
-header) and the body. The private listener refuses (403 ``forbidden``) a
-request whose signature is missing, wrong, or more than ``max_age_seconds``
-off its own clock. A captured request could be replayed within that time, so
-private traffic between hosts belongs on a trusted network (README).
+Every forwarded request carries
+
+    x-gym-forward-signature: <unix time>.<sha256 of the body>.<hmac>
+
+where the HMAC-SHA256 (with a key derived from the server secret) covers the
+time, the worker it is meant for, the method, the target, every forwarded
+header and the body's digest. The private listener checks everything but the
+body before reading it (so an unsigned request costs it no body), then the
+body against the signed digest, and refuses any mismatch with 403 ``forbidden``.
+A signature is good for ``max_age_seconds`` either side of the listener's
+clock and only at the worker it names; a captured request could be replayed
+there within that time, so private traffic belongs on a trusted network.
 """
 
 from __future__ import annotations
@@ -20,12 +25,12 @@ import time
 from starlette.types import Scope
 
 from gym_sessions.errors import ForbiddenError
-from gym_sessions.routing.forwarder import request_target
+from gym_sessions.routing.forwarder import forwarded_headers, request_target
 
 __all__ = ["SIGNATURE_HEADER", "ForwardSigner"]
 
 SIGNATURE_HEADER = b"x-gym-forward-signature"
-_SIGNED_HEADERS = (b"cookie", b"x-gym-session-token")
+_MAX_TIMESTAMP_DIGITS = 12
 
 
 class ForwardSigner:
@@ -42,35 +47,53 @@ class ForwardSigner:
         self._key = hashlib.sha256(b"gym-sessions forward signature\0" + secret.encode()).digest()
         self.max_age_seconds = max_age_seconds
 
-    def _digest(self, timestamp: bytes, scope: Scope, body: bytes) -> str:
+    def _mac(self, timestamp: bytes, worker_id: str, scope: Scope, body_digest: bytes) -> bytes:
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
-        fields = [timestamp, scope["method"].encode(), request_target(scope)]
-        for name in _SIGNED_HEADERS:
-            fields.append(b"\0".join(value for key, value in scope["headers"] if key == name))
-        fields.append(body)
+        fields = [timestamp, worker_id.encode(), scope["method"].encode(), request_target(scope)]
+        for name, value in forwarded_headers(scope):
+            fields += [name, value]
+        fields.append(body_digest)
         for field in fields:
             # Length-prefixed, so no two different requests give the same input.
             mac.update(len(field).to_bytes(8, "big"))
             mac.update(field)
-        return mac.hexdigest()
+        return mac.hexdigest().encode()
 
-    def header(self, scope: Scope, body: bytes) -> tuple[bytes, bytes]:
-        """The signature header for forwarding ``scope`` with ``body``."""
+    def header(self, scope: Scope, body: bytes, worker_id: str) -> tuple[bytes, bytes]:
+        """The signature header for forwarding ``scope`` with ``body`` to ``worker_id``."""
         timestamp = str(int(time.time())).encode()
-        return SIGNATURE_HEADER, timestamp + b"." + self._digest(timestamp, scope, body).encode()
+        digest = hashlib.sha256(body).hexdigest().encode()
+        mac = self._mac(timestamp, worker_id, scope, digest)
+        return SIGNATURE_HEADER, b".".join((timestamp, digest, mac))
 
-    def verify(self, scope: Scope, body: bytes) -> None:
-        """Check the signature of a request that arrived on a private listener.
+    def verify_head(self, scope: Scope, worker_id: str) -> bytes:
+        """Check everything but the body; returns the body digest it was signed with.
 
         Raises:
-            ForbiddenError: the signature is missing, wrong or too old.
+            ForbiddenError: the signature is missing, malformed, too old, not
+                for ``worker_id`` or does not match the request.
         """
         values = [value for name, value in scope["headers"] if name == SIGNATURE_HEADER]
         if len(values) != 1:
             raise ForbiddenError("private listener: the request is not signed by a peer worker")
-        timestamp, _, signature = values[0].partition(b".")
-        if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > self.max_age_seconds:
+        parts = values[0].split(b".")
+        if len(parts) != 3:
+            raise ForbiddenError("private listener: the request's signature is malformed")
+        timestamp, digest, mac = parts
+        if not (0 < len(timestamp) <= _MAX_TIMESTAMP_DIGITS and timestamp.isdigit()):
+            raise ForbiddenError("private listener: the request's signature is malformed")
+        if abs(time.time() - int(timestamp)) > self.max_age_seconds:
             raise ForbiddenError("private listener: the request's signature has expired")
-        expected = self._digest(timestamp, scope, body)
-        if not hmac.compare_digest(expected.encode(), signature):
+        if not hmac.compare_digest(self._mac(timestamp, worker_id, scope, digest), mac):
             raise ForbiddenError("private listener: the request's signature is invalid")
+        return digest
+
+    @staticmethod
+    def verify_body(digest: bytes, body: bytes) -> None:
+        """Check the body against the digest `verify_head` returned.
+
+        Raises:
+            ForbiddenError: the body is not the one that was signed.
+        """
+        if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(), digest):
+            raise ForbiddenError("private listener: the request's body is not the signed one")

@@ -50,6 +50,10 @@ class _Claim:
         return not self.open and self.in_flight == 0
 
 
+def _always() -> bool:
+    return True
+
+
 class OwnedClaims:
     """The claims this worker holds, on top of the shared `ClaimStore`.
 
@@ -58,6 +62,9 @@ class OwnedClaims:
         worker_id: This worker's id.
         window: ``session_close_retry_window_seconds``.
         clock: Monotonic clock (tests may pass their own).
+        standing: Whether this worker may still serve its claims from memory.
+            With Redis claims it turns false once the store has been out of
+            reach so long that others may have taken them over.
     """
 
     def __init__(
@@ -66,8 +73,10 @@ class OwnedClaims:
         worker_id: str,
         window: float,
         clock: Callable[[], float] = time.monotonic,
+        standing: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
+        self.standing = standing or _always
         self.worker_id = worker_id
         self.window = window
         self._clock = clock
@@ -118,13 +127,17 @@ class OwnedClaims:
         if session_id in self._claims:
             return None
         await self._removed(session_id)
+        # From here the sweep must not retry an old removal of this id: it
+        # could land after our create and delete the claim we are taking.
+        self._unremoved.discard(session_id)
         other = await self.store.create(session_id)
         if other is None or other == self.worker_id:
-            # Our own id: a claim of ours the store kept while this worker had
-            # let go of it in memory (its removal failed). It is ours again.
-            self._unremoved.discard(session_id)
             if session_id not in self._claims:  # a concurrent claim may have won the await
-                self._claims[session_id] = _Claim(idle_since=self._clock())
+                # Our own id back: a claim of ours the store kept after this
+                # worker let go of it (its removal failed), maybe with an
+                # expiry; marked expiring so the first request holds it again.
+                adopted = other == self.worker_id
+                self._claims[session_id] = _Claim(idle_since=self._clock(), expiring=adopted)
             return None
         return other
 
@@ -134,7 +147,14 @@ class OwnedClaims:
         Raises:
             SessionConflictError: the store's expiry ended the claim while this
                 worker was stalled and another worker claimed it since.
+            ClaimsUnavailableError: this worker cannot vouch for its claims any
+                more (`standing`).
         """
+        if not self.standing():
+            raise ClaimsUnavailableError(
+                "this worker has been cut off from the claim store for too long to know "
+                "that it still holds its sessions"
+            )
         claim = self._claims[session_id]
         claim.in_flight += 1
         if claim.expiring:
@@ -264,8 +284,10 @@ class OwnedClaims:
                 if expire == claim.expiring:
                     return
                 if expire:
-                    await self.store.expire(session_id, self.window + EXPIRY_MARGIN_SECONDS)
-                elif not await self.store.hold(session_id):
+                    kept = await self.store.expire(session_id, self.window + EXPIRY_MARGIN_SECONDS)
+                else:
+                    kept = await self.store.hold(session_id)
+                if not kept:
                     logger.error("the claim of session %r expired and was taken", session_id)
                     del self._claims[session_id]
                     self._run_release_hooks(session_id)

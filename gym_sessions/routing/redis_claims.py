@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -58,6 +59,11 @@ REGISTRATION_SECONDS = 10.0
 HEARTBEAT_SECONDS = 2.0
 # Look for dead workers' forgotten claims about every 30 s (on each worker).
 REAP_EVERY_BEATS = 15
+_REAP_BATCH = 500
+# After Redis came back empty, a claim miss is "no answer" (503) this long, while
+# every claimant's next heartbeat writes its claims back.
+RESTORE_GRACE_SECONDS = 3 * HEARTBEAT_SECONDS
+_EPOCH_KEY = KEY_PREFIX + "epoch"
 _CONNECT_TIMEOUT_SECONDS = 1.0
 _REPLY_TIMEOUT_SECONDS = 2.0
 _ADDRESS_CACHE_SIZE = 4096
@@ -65,26 +71,43 @@ _MAX_CONNECTIONS = 32
 
 _T = TypeVar("_T")
 
-# Every claim script gets KEYS = [claim key, this worker's claim index] and
-# ARGV = [worker id, claim name, ...]. The index (a set of claim names per
-# worker) lets the reaper find a dead worker's claims that nobody asks about.
+# Claim scripts get KEYS = [claim key, this worker's claim index, the set of
+# workers that have an index] and ARGV = [worker id, claim name, ...]. The
+# index (claim names per worker) lets the reaper find the claims of a dead
+# worker that nobody asks about.
 
 # Claim unless claimed; reply the holder if claimed (our own id included).
 _CREATE = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   redis.call('SADD', KEYS[2], ARGV[2])
+  redis.call('SADD', KEYS[3], ARGV[1])
   return false
 end
 local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[1] then redis.call('SADD', KEYS[2], ARGV[2]) end
+if owner == ARGV[1] then
+  redis.call('SADD', KEYS[2], ARGV[2])
+  redis.call('SADD', KEYS[3], ARGV[1])
+end
 return owner
 """
-# The claimant of KEYS[1] and its registered address (ARGV[1] is the
-# registration key prefix). An orphaned claim (no registration) gets an expiry
-# of ARGV[2] ms unless it has one.
+# The claimant of KEYS[1] and its registered address. ARGV = [registration key
+# prefix, orphan ms, epoch key, restore grace ms]. An orphaned claim (its
+# worker unregistered) gets an expiry of ARGV[2] ms unless it has one. A miss
+# while Redis is empty, or soon after it came back empty, is no answer (the
+# claimants are still writing their claims back): {'', reason}.
 _READ = """
 local owner = redis.call('GET', KEYS[1])
-if not owner then return false end
+if not owner then
+  local epoch = redis.call('GET', ARGV[3])
+  if not epoch then return {'', 'has lost its data'} end
+  local since = tonumber(string.match(epoch, '^(%d+):'))
+  if since and since > 0 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if now - since < tonumber(ARGV[4]) then return {'', 'came back empty moments ago'} end
+  end
+  return false
+end
 local address = redis.call('GET', ARGV[1] .. owner)
 if address then return {owner, address} end
 if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -95,34 +118,61 @@ redis.call('SREM', KEYS[2], ARGV[2])
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-# Keep our claim without expiry; write it again if it expired meanwhile.
-_HOLD = """
+# Keep our claim without expiry (ARGV[3] = 0) or with ARGV[3] ms of it; write
+# it again if it is gone; 0 if another worker holds it.
+_KEEP = """
 local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[1] then redis.call('PERSIST', KEYS[1]) return 1 end
-if owner then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SADD', KEYS[2], ARGV[2])
+if owner and owner ~= ARGV[1] then return 0 end
+if not owner then
+  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('SADD', KEYS[2], ARGV[2])
+  redis.call('SADD', KEYS[3], ARGV[1])
+end
+if tonumber(ARGV[3]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+else
+  redis.call('PERSIST', KEYS[1])
+end
 return 1
 """
-_EXPIRE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-return 0
-"""
-# KEYS = [a worker's claim index, its registration]; ARGV = [its id, orphan ms,
-# claim key prefix]. If the worker is unregistered, give each of its claims
-# without expiry the orphan expiry, and drop the index.
+# KEYS = [a worker's claim index, its registration, the set of indexed
+# workers]; ARGV = [its id, orphan ms, claim key prefix, batch]. If the worker
+# is unregistered, give up to ARGV[4] of its claims that have no expiry the
+# orphan expiry; returns {reaped, left} ({-1, 0} if it is registered).
 _REAP = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {-1, 0} end
 local reaped = 0
-for _, name in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+for _, name in ipairs(redis.call('SPOP', KEYS[1], tonumber(ARGV[4]))) do
   local key = ARGV[3] .. name
   if redis.call('GET', key) == ARGV[1] and redis.call('PTTL', key) == -1 then
     redis.call('PEXPIRE', key, ARGV[2])
     reaped = reaped + 1
   end
 end
-redis.call('DEL', KEYS[1])
-return reaped
+local left = redis.call('SCARD', KEYS[1])
+if left == 0 then redis.call('SREM', KEYS[3], ARGV[1]) end
+return {reaped, left}
+"""
+# KEYS = [this worker's registration, the epoch key]; ARGV = [address, ttl ms,
+# 'start' or 'renew', random]. Returns {whether the registration existed,
+# epoch}. The epoch names one lifetime of Redis's data: a worker's start-up
+# creates it on an empty Redis ("0:..."); a renewing worker that finds it gone
+# (Redis came back empty) creates it stamped with Redis's clock, and claim
+# misses answer "no answer" for a grace period while claimants write back.
+_REGISTER = """
+local existed = redis.call('EXISTS', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+  local since = '0'
+  if ARGV[3] == 'renew' then
+    local t = redis.call('TIME')
+    since = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  end
+  epoch = since .. ':' .. ARGV[4]
+  redis.call('SET', KEYS[2], epoch)
+end
+return {existed, epoch}
 """
 
 
@@ -179,13 +229,24 @@ class WorkerRegistry:
     Args:
         client: The worker's Redis client.
         worker_id: This worker's id.
+        clock: Monotonic clock.
     """
 
-    def __init__(self, client: redis.asyncio.Redis, worker_id: str) -> None:
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        worker_id: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.worker_id = worker_id
         self.key_prefix = KEY_PREFIX + "worker:"
         self.address: str | None = None
+        self.epoch: str | None = None
+        self.last_registered = float("-inf")
+        self._clock = clock
+        self._register = client.register_script(_REGISTER)
+        self._restore_due = False
         # Worker id -> (host, port). An id's address never changes; whether the
         # worker lives is asked again whenever a claim is read.
         self._known: dict[str, tuple[str, int]] = {}
@@ -209,23 +270,37 @@ class WorkerRegistry:
         self.remember(worker_id, address)
         return self._known.get(worker_id)
 
+    def registered_within(self, seconds: float) -> bool:
+        """Whether this worker's registration was written in the last ``seconds``."""
+        return self._clock() - self.last_registered < seconds
+
     async def register(self, host: str, port: int) -> None:
-        """Register this worker's private address (replaces an earlier registration)."""
+        """Register this worker's private address at start-up."""
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        await _call(
-            self.client.set(
-                self.key_prefix + self.worker_id, self.address, px=int(REGISTRATION_SECONDS * 1000)
-            )
-        )
+        await self._write("start")
 
     async def renew(self) -> bool:
-        """Renew the registration; ``False`` if it had lapsed and was written afresh."""
+        """Renew the registration; ``False`` if this worker must write its claims back.
+
+        That is when the registration had lapsed (Redis was out of reach past
+        its expiry, or lost its data) or Redis's data is of another lifetime.
+        """
+        epoch = self.epoch
+        existed = await self._write("renew")
+        return existed and self.epoch == epoch
+
+    async def _write(self, mode: str) -> bool:
         assert self.address is not None
-        key, ttl = self.key_prefix + self.worker_id, int(REGISTRATION_SECONDS * 1000)
-        if await _call(self.client.set(key, self.address, px=ttl, xx=True)):
-            return True
-        await _call(self.client.set(key, self.address, px=ttl))
-        return False
+        started = self._clock()
+        existed, epoch = await _call(
+            self._register(
+                keys=[self.key_prefix + self.worker_id, _EPOCH_KEY],
+                args=[self.address, int(REGISTRATION_SECONDS * 1000), mode, secrets.token_hex(8)],
+            )
+        )
+        self.last_registered = started
+        self.epoch = epoch
+        return bool(existed)
 
     async def unregister(self) -> None:
         """Remove this worker's registration: its sessions get 410 at once."""
@@ -238,26 +313,44 @@ class WorkerRegistry:
     ) -> None:
         """Renew until cancelled.
 
-        After a lapse (Redis lost its data, or was unreachable past the
-        registration's expiry) call ``on_lapse``; every `REAP_EVERY_BEATS`
-        beats (from a random first beat, so workers take turns) call ``reap``.
+        When `renew` says so, run ``on_lapse`` (write the claims back), and every
+        `REAP_EVERY_BEATS` beats (from a random first beat, so workers take
+        turns) run ``reap``. Both run beside the renewals, so a long restore
+        never lets the registration lapse.
         """
-        restore_pending = False
         beat = secrets.randbelow(REAP_EVERY_BEATS)
-        while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
-            beat += 1
-            try:
-                if not await self.renew() or restore_pending:
-                    restore_pending = True
-                    await on_lapse()
-                    restore_pending = False
-                if reap is not None and beat % REAP_EVERY_BEATS == 0:
-                    await reap()
-            except ClaimsUnavailableError as exc:
+        maintenance: asyncio.Task[None] | None = None
+        try:
+            while True:
+                await asyncio.sleep(HEARTBEAT_SECONDS)
+                beat += 1
+                try:
+                    if not await self.renew():
+                        self._restore_due = True
+                except ClaimsUnavailableError as exc:
+                    logger.warning("worker %s: claim store unreachable: %s", self.worker_id, exc)
+                    continue
+                if maintenance is not None and not maintenance.done():
+                    continue
+                if self._restore_due:
+                    self._restore_due = False
+                    maintenance = asyncio.create_task(self._maintain(on_lapse, restore=True))
+                elif reap is not None and beat % REAP_EVERY_BEATS == 0:
+                    maintenance = asyncio.create_task(self._maintain(reap, restore=False))
+        finally:
+            if maintenance is not None:
+                maintenance.cancel()
+
+    async def _maintain(self, job: Callable[[], Awaitable[object]], *, restore: bool) -> None:
+        try:
+            await job()
+        except Exception as exc:
+            if restore:
+                self._restore_due = True  # try again at the next beat
+            if isinstance(exc, ClaimsUnavailableError):
                 logger.warning("worker %s: claim store unreachable: %s", self.worker_id, exc)
-            except Exception:
-                logger.exception("worker %s: heartbeat failed", self.worker_id)
+            else:
+                logger.exception("worker %s: claim store upkeep failed", self.worker_id)
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -272,10 +365,13 @@ class RedisClaimStore:
         client: The worker's Redis client.
         registry: Worker registrations (filled with what claim reads learn).
         orphan_seconds: How long a dead worker's claim keeps answering 410
-            after a reader first finds it (the server's window plus a margin).
+            after a reader or the reaper finds it (the window plus a margin).
     """
 
     expires = True
+    claim_prefix = KEY_PREFIX + "claim:"
+    index_prefix = KEY_PREFIX + "claims_of:"
+    indexed_workers_key = KEY_PREFIX + "indexed_workers"
 
     def __init__(
         self, client: redis.asyncio.Redis, registry: WorkerRegistry, orphan_seconds: float
@@ -283,17 +379,15 @@ class RedisClaimStore:
         self.client = client
         self.registry = registry
         self.worker_id = registry.worker_id
+        self.orphan_seconds = orphan_seconds
         self._create = client.register_script(_CREATE)
         self._read = client.register_script(_READ)
         self._remove = client.register_script(_REMOVE)
-        self._hold = client.register_script(_HOLD)
-        self._expire = client.register_script(_EXPIRE)
+        self._keep = client.register_script(_KEEP)
         self._reap = client.register_script(_REAP)
-        self.orphan_ms = max(1, int(orphan_seconds * 1000))
+        self._orphan_ms = max(1, int(orphan_seconds * 1000))
+        self._grace_ms = int(RESTORE_GRACE_SECONDS * 1000)
         self.index_key = self.index_prefix + self.worker_id
-
-    claim_prefix = KEY_PREFIX + "claim:"
-    index_prefix = KEY_PREFIX + "claims_of:"
 
     @classmethod
     def key(cls, session_id: str) -> str:
@@ -304,7 +398,7 @@ class RedisClaimStore:
         name = claim_name(session_id)
         return _call(
             script(
-                keys=[self.claim_prefix + name, self.index_key],
+                keys=[self.claim_prefix + name, self.index_key, self.indexed_workers_key],
                 args=[self.worker_id, name, *extra],
             )
         )
@@ -316,12 +410,16 @@ class RedisClaimStore:
         found: Any = await _call(
             self._read(
                 keys=[self.key(session_id)],
-                args=[self.registry.key_prefix, self.orphan_ms],
+                args=[self.registry.key_prefix, self._orphan_ms, _EPOCH_KEY, self._grace_ms],
             )
         )
         if not found:
             return None
         owner = found[0]
+        if not owner:
+            raise ClaimsUnavailableError(
+                f"the claim store {found[1]}: its claims are being written back; retry shortly"
+            )
         self.registry.remember(owner, found[1] if len(found) > 1 else None)
         return owner
 
@@ -329,36 +427,39 @@ class RedisClaimStore:
         await self._run(self._remove, session_id)
 
     async def hold(self, session_id: str) -> bool:
-        return bool(await self._run(self._hold, session_id))
+        return bool(await self._run(self._keep, session_id, 0))
 
-    async def expire(self, session_id: str, seconds: float) -> None:
-        await self._run(self._expire, session_id, max(1, int(seconds * 1000)))
+    async def expire(self, session_id: str, seconds: float) -> bool:
+        return bool(await self._run(self._keep, session_id, max(1, int(seconds * 1000))))
 
     async def reap_orphans(self) -> int:
         """Give the claims of unregistered workers an expiry; returns how many.
 
         A reader already does this for a claim it finds; this finds the ones
-        nobody asks about (sessions that were open when their worker died),
-        so Redis does not keep them forever.
+        nobody asks about (sessions that were open when their worker died), so
+        Redis does not keep them forever. Works in batches, so Redis is never
+        held up long by a dead worker with many claims.
         """
-        try:
-            index_keys = [
-                key async for key in self.client.scan_iter(match=self.index_prefix + "*", count=200)
-            ]
-        except (redis.RedisError, OSError) as exc:
-            raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
+        workers = await _call(self.client.smembers(self.indexed_workers_key))
         reaped = 0
-        for index_key in index_keys:
-            worker_id = index_key[len(self.index_prefix) :]
+        for worker_id in workers:
             if worker_id == self.worker_id:
                 continue
-            found = await _call(
-                self._reap(
-                    keys=[index_key, self.registry.key_prefix + worker_id],
-                    args=[worker_id, self.orphan_ms, self.claim_prefix],
+            left = 1
+            while left:
+                count, left = await _call(
+                    self._reap(
+                        keys=[
+                            self.index_prefix + worker_id,
+                            self.registry.key_prefix + worker_id,
+                            self.indexed_workers_key,
+                        ],
+                        args=[worker_id, self._orphan_ms, self.claim_prefix, _REAP_BATCH],
+                    )
                 )
-            )
-            reaped += max(0, int(found))
+                if count < 0:
+                    break  # registered: alive
+                reaped += count
         return reaped
 
     async def close(self) -> None:

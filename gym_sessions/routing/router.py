@@ -30,6 +30,7 @@ from gym_sessions import strict_json
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     BodyTooLargeError,
+    ForbiddenError,
     HeadersTooLargeError,
     HTTPError,
     RequestTimeoutError,
@@ -60,10 +61,11 @@ class _ClientDisconnected(Exception):
     pass
 
 
-# A stalled body will not arrive: close the connection with the reply. (A body
+# A stalled body will not arrive, and an unsigned request on a private listener
+# is not read: close the connection with the reply. (A body
 # that is too large still arrives; uvicorn reads and drops it, and closing early
 # would reset the connection before the client reads the 413.)
-_UNREAD_BODY_ERRORS = (RequestTimeoutError,)
+_UNREAD_BODY_ERRORS = (RequestTimeoutError, ForbiddenError)
 
 
 async def send_error(send: Send, error: HTTPError, *, jsonrpc: bool = False) -> None:
@@ -173,11 +175,18 @@ class SessionRouter:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        private = scope.get(PRIVATE_SCOPE_KEY, False)
         try:
             _check_header_size(scope, self.max_header_bytes)
+            signed_digest = None
+            if private and self.forward_signer is not None:
+                # Before the body: an unsigned request costs the listener no body.
+                signed_digest = self.forward_signer.verify_head(scope, self.claims.worker_id)
             body = await _read_body(
                 scope, receive, self.max_body_bytes, self.body_read_timeout_seconds
             )
+            if signed_digest is not None:
+                self.forward_signer.verify_body(signed_digest, body)
             routed = self._find_session(scope, body)
         except _ClientDisconnected:
             return
@@ -186,17 +195,17 @@ class SessionRouter:
             return
         scope[REQUEST_SESSION_KEY] = routed
         sid = routed.session_id
-        private = scope.get(PRIVATE_SCOPE_KEY, False)
         try:
-            if private and self.forward_signer is not None:
-                self.forward_signer.verify(scope, body)
             if not private and self.forwarder is not None:
-                # Nobody can hold an id minted just now: no store lookup (health
-                # checks and /spaces never wait on, or fail with, the store).
-                minted = routed.source is IdSource.MINTED
-                owner = None if minted else await self.claims.owner(sid)
-                if routed.claims_first and owner is None:
+                if routed.claims_first:
+                    # One store call: claiming answers who holds the id if not us.
                     owner = await self.claims.claim(sid)
+                elif routed.source is IdSource.MINTED:
+                    # Nobody can hold an id minted just now: no store lookup (health
+                    # checks and /spaces never wait on, or fail with, the store).
+                    owner = None
+                else:
+                    owner = await self.claims.owner(sid)
                 if owner is not None and owner != self.claims.worker_id:
                     await self._forward(owner, scope, body, send)
                     return

@@ -98,7 +98,9 @@ class StreamForwarder:
             connection.close()
         try:
             reader, writer = await self.endpoints.open(worker_id)
-        except OSError as exc:  # refused, gone, unregistered, or no answer
+        except TimeoutError as exc:  # no answer: slow or unreachable, not known gone
+            raise BadGatewayError(f"worker {worker_id} did not accept a connection") from exc
+        except OSError as exc:  # refused, gone, or unregistered
             self._drop_pool(worker_id)
             raise claimant_gone(worker_id) from exc
         return _Connection(reader, writer), False
@@ -121,7 +123,7 @@ class StreamForwarder:
             SessionGoneError: the claimant's socket is gone or refuses connections.
             BadGatewayError: the claimant failed before replying for another reason.
         """
-        signature = self.signer.header(scope, body) if self.signer is not None else None
+        signature = self.signer.header(scope, body, worker_id) if self.signer else None
         head = _request_head(scope, len(body), signature)
         connection, reused = await self._connect(worker_id)
         try:

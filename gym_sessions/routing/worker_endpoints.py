@@ -4,14 +4,15 @@
 - `TcpEndpoints` (Redis claims, several hosts): the ``host:port`` the worker
   registered in Redis (`WorkerRegistry`).
 
-Both answer ``open`` with a stream pair or an `OSError` (refused, gone, not
-registered, or no answer within the connect timeout), which the forwarder
-turns into 410 ``session_gone``.
+Both answer ``open`` with a stream pair or an `OSError`: refused, gone or not
+registered, which the forwarder turns into 410 ``session_gone``, or
+`TimeoutError` (no answer within the connect timeout: maybe only slow), 502.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ _READ_LIMIT = 256 * 1024
 # A host that is down does not refuse, it just never answers: give up on it
 # after this long rather than holding the request.
 _TCP_CONNECT_SECONDS = 2.0
+# First probe after 10 s idle, then every 3 s; 3 unanswered: the peer is gone.
+_KEEPALIVE_PROBES = (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 3), ("TCP_KEEPCNT", 3))
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -63,15 +66,32 @@ class TcpEndpoints:
             raise ConnectionRefusedError(f"worker {worker_id} is not registered")
         host, port = address
         async with asyncio.timeout(_TCP_CONNECT_SECONDS):
-            return await asyncio.open_connection(host, port, limit=_READ_LIMIT)
+            reader, writer = await asyncio.open_connection(host, port, limit=_READ_LIMIT)
+        _keep_alive(writer.get_extra_info("socket"))
+        return reader, writer
 
     async def reachable(self, worker_id: str) -> bool:
         return await _accepts(self.open(worker_id))
 
 
+def _keep_alive(sock: socket.socket | None) -> None:
+    # A host that vanishes mid-request sends nothing, not even a reset: probe
+    # idle connections so the wait ends in seconds, not in TCP's many minutes.
+    # (No read timeout: a step may legitimately take long.)
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in _KEEPALIVE_PROBES:
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 async def _accepts(opening: object) -> bool:
+    """False if the worker is gone (refused, unregistered); True if it accepts or is slow."""
     try:
         _, writer = await opening  # type: ignore[misc]
+    except TimeoutError:
+        return True  # not known to be gone: the caller answers 502, not 410
     except OSError:
         return False
     writer.close()

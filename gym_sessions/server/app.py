@@ -36,7 +36,13 @@ from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, make_forwarder
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
 from gym_sessions.routing.private_listener import PrivateListener
-from gym_sessions.routing.redis_claims import RedisClaimStore, WorkerRegistry, connect_redis
+from gym_sessions.routing.redis_claims import (
+    HEARTBEAT_SECONDS,
+    REGISTRATION_SECONDS,
+    RedisClaimStore,
+    WorkerRegistry,
+    connect_redis,
+)
 from gym_sessions.routing.router import SessionRouter
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.session_cookie import SessionCookieMiddleware
@@ -119,7 +125,18 @@ class WorkerApp:
             self.forwarder = make_forwarder(
                 settings.forward_transport, UnixEndpoints(self.runtime_dir)
             )
-        self.claims = OwnedClaims(store, self.worker_id, window)
+        standing = None
+        if self.registry is not None:
+            registry = self.registry
+            # Others may take this worker's claims over once its registration has
+            # expired and a reader or the reaper gave them an orphan's expiry:
+            # serve them from memory only while that cannot have happened yet.
+            trusted_for = REGISTRATION_SECONDS + window + EXPIRY_MARGIN_SECONDS - HEARTBEAT_SECONDS
+
+            def standing() -> bool:
+                return registry.registered_within(trusted_for)
+
+        self.claims = OwnedClaims(store, self.worker_id, window, standing=standing)
         server.bind(settings, self.claims, self.credentials)
 
         routes = server.routes()
@@ -200,18 +217,19 @@ class WorkerApp:
         )
 
     async def shutdown(self) -> None:
-        """Stop listening privately, stop the sweep, and release this worker's sessions."""
+        """Stop background work and the private listener; release this worker's sessions."""
+        # The heartbeat first: a beat after the unregistration would register again.
+        for task in self._background:
+            task.cancel()
+            # A background task that failed must not keep the rest from closing.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         if self.registry is not None:
             # Other workers answer 410 for this worker's sessions at once.
             with contextlib.suppress(Exception):
                 await self.registry.unregister()
         if self._listener is not None:
             await self._listener.stop()
-        for task in self._background:
-            task.cancel()
-            # A background task that failed must not keep the rest from closing.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
         if self.forwarder is not None:
             await self.forwarder.close()
         await self.claims.wait_for_store()

@@ -7,9 +7,10 @@ separate machines; nothing is shared between them but Redis and the secret.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 
-import aiohttp
 import pytest
 
 from gym_sessions.errors import ClaimsUnavailableError
@@ -19,6 +20,7 @@ from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
 from gym_sessions.routing.redis_claims import (
     HEARTBEAT_SECONDS,
     KEY_PREFIX,
+    RESTORE_GRACE_SECONDS,
     RedisClaimStore,
     WorkerRegistry,
     connect_redis,
@@ -237,10 +239,10 @@ async def test_a_clean_shutdown_unregisters_so_its_sessions_get_410_at_once(host
 # Signed private listeners ----------------------------------------------------------------------
 
 
-def _scope(method: str, target: str, headers: list[tuple[bytes, bytes]]) -> dict:
+def _scope(target: str, headers: list[tuple[bytes, bytes]]) -> dict:
     path, _, query = target.partition("?")
     return {
-        "method": method,
+        "method": "POST",
         "path": path,
         "raw_path": path.encode(),
         "query_string": query.encode(),
@@ -248,44 +250,78 @@ def _scope(method: str, target: str, headers: list[tuple[bytes, bytes]]) -> dict
     }
 
 
-@pytest.mark.parametrize(
-    "case", ["unsigned", "other_secret", "other_body", "other_cookie", "stale", "garbage", "twice"]
-)
+async def _raw_post(address: str, target: str, headers, body: bytes) -> tuple[int, dict]:
+    """POST exactly these headers (a client library would add its own)."""
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = [f"POST {target} HTTP/1.1\r\n".encode(), b"host: worker\r\n"]
+    head += [name + b": " + value + b"\r\n" for name, value in headers]
+    head.append(f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode())
+    writer.write(b"".join(head) + body)
+    reply = await reader.read()
+    writer.close()
+    status_line, _, rest = reply.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+SIGNATURE_CASES = [
+    "unsigned", "other_secret", "other_worker", "other_body", "digest_of_sent_body",
+    "other_cookie", "added_header", "stale", "huge_timestamp", "garbage", "twice",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SIGNATURE_CASES)
 async def test_the_private_listener_refuses_requests_without_a_valid_signature(hosts, case):
     c = await hosts(2)
     sid = new_id()
     reply = await start(c[0], sid)
-    cookie = f"gym_session={reply.cookie}".encode()
     body = b"{}"
+    headers = [(b"cookie", f"gym_session={reply.cookie}".encode())]
     signer = ForwardSigner(SECRET)
-    scope = _scope("POST", "/touch", [(b"cookie", cookie)])
-    name, value = signer.header(scope, body)
-    headers = {"Cookie": cookie.decode(), "Content-Type": "application/json"}
+    scope = _scope("/touch", [(b"host", b"worker"), *headers])
+
+    def sign(*, secret=SECRET, worker=c[0].id, signed_scope=scope, signed_body=body) -> bytes:
+        return ForwardSigner(secret).header(signed_scope, signed_body, worker)[1]
+
+    good = sign()
+    sent = list(headers)
     if case == "other_secret":
-        headers[name.decode()] = ForwardSigner("another secret").header(scope, body)[1].decode()
+        sent.append((SIGNATURE_HEADER, sign(secret="another secret")))
+    elif case == "other_worker":  # signed for a different worker
+        sent.append((SIGNATURE_HEADER, sign(worker=c[1].id)))
     elif case == "other_body":
-        headers[name.decode()] = signer.header(scope, b'{"x": 1}')[1].decode()
+        sent.append((SIGNATURE_HEADER, sign(signed_body=b'{"x": 1}')))
+    elif case == "digest_of_sent_body":  # the digest swapped in, the mac left as it was
+        timestamp, _, mac = sign(signed_body=b'{"x": 1}').split(b".")
+        sent.append((SIGNATURE_HEADER, b".".join([timestamp, sha256(body).encode(), mac])))
     elif case == "other_cookie":
-        other = _scope("POST", "/touch", [(b"cookie", b"gym_session=someone-else")])
-        headers[name.decode()] = signer.header(other, body)[1].decode()
+        sent = [(b"cookie", b"gym_session=someone-else"), (SIGNATURE_HEADER, good)]
+    elif case == "added_header":
+        sent += [(b"x-gym-close-follows", b"1"), (SIGNATURE_HEADER, good)]
     elif case == "stale":
+        with_old_clock = ForwardSigner(SECRET)
         old = str(int(time.time()) - 120).encode()
-        headers[name.decode()] = (old + b"." + signer._digest(old, scope, body).encode()).decode()
+        digest = sha256(body).encode()
+        mac = with_old_clock._mac(old, c[0].id, scope, digest)
+        sent.append((SIGNATURE_HEADER, b".".join([old, digest, mac])))
+    elif case == "huge_timestamp":
+        sent.append((SIGNATURE_HEADER, b"9" * 5000 + b".x.y"))
     elif case == "garbage":
-        headers[name.decode()] = "not-a-signature"
-    async with aiohttp.ClientSession() as client:
-        url = private_url(c, c[0])
-        sent: list[tuple[str, str]] = list(headers.items())
-        if case == "twice":  # a valid signature and a second one
-            sent += [(name.decode(), value.decode())] * 2
-        async with client.post(url + "/touch", data=body, headers=sent) as refused:
-            assert refused.status == 403
-            assert (await refused.json())["error"]["code"] == "forbidden"
-        # The same request, correctly signed, is served (and counted once).
-        headers[name.decode()] = value.decode()
-        async with client.post(url + "/touch", data=body, headers=headers) as served:
-            assert served.status == 200
-            assert (await served.json())["count"] == 1
+        sent.append((SIGNATURE_HEADER, b"not-a-signature"))
+    elif case == "twice":
+        sent += [(SIGNATURE_HEADER, good), (SIGNATURE_HEADER, good)]
+    address = c.redis().get(KEY_PREFIX + "worker:" + c[0].id)
+    status, data = await _raw_post(address, "/touch", sent, body)
+    assert status == 403 and data["error"]["code"] == "forbidden", data
+    assert c[0].server.counts[sid] == 0  # nothing ran
+    # The same request, correctly signed, is served (and counted once).
+    status, data = await _raw_post(address, "/touch", [*headers, (SIGNATURE_HEADER, good)], body)
+    assert status == 200 and data["count"] == 1
+    assert signer.max_age_seconds == 30
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 async def test_a_signature_header_from_the_client_is_replaced_when_forwarding(hosts):
@@ -372,8 +408,10 @@ def test_redis_claims_refuse_a_secret_per_host(monkeypatch):
     ("changes", "message"),
     [
         ({"claims": "memcached://x"}, "unknown claim store"),
-        ({"claims": "redis://x/0", "forward_transport": "aiohttp"}, "'http' hop"),
-        ({"claims": "redis://x/0", "private_host": "0.0.0.0"}, "wildcard"),
+        ({"claims": "redis://127.0.0.1/0", "forward_transport": "aiohttp"}, "'http' hop"),
+        ({"claims": "redis://127.0.0.1/0", "private_host": "0.0.0.0"}, "wildcard"),
+        ({"claims": "redis://10.0.0.5:6379/0"}, "loopback but Redis is on another host"),
+        ({"claims": "redis://redis.internal/0", "private_host": "::1"}, "loopback"),
     ],
 )
 def test_bad_claim_settings_are_refused(changes, message):
@@ -382,8 +420,11 @@ def test_bad_claim_settings_are_refused(changes, message):
 
 
 def test_one_worker_with_redis_claims_still_routes():
-    assert Settings(secret="s", claims="redis://x/0").routed
-    assert not Settings(secret="s", claims="redis://x/0", routes_sessions_to_owner=False).routed
+    assert Settings(secret="s", claims="redis://127.0.0.1/0").routed
+    assert Settings(secret="s", claims="redis://10.0.0.5/0", private_host="10.0.0.11").routed
+    assert not Settings(
+        secret="s", claims="unix:///run/redis.sock", routes_sessions_to_owner=False
+    ).routed
     assert not Settings(secret="s").routed
 
 
@@ -439,3 +480,93 @@ async def test_a_worker_whose_registration_lapsed_takes_its_claims_back(hosts):
     )
     touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
     assert touched.status == 200 and touched.json == {"worker": c[0].id, "sid": sid, "count": 1}
+
+
+class _FlakyRemovals(RedisClaimStore):
+    """Fault injection: the next ``failures`` removals find Redis unreachable."""
+
+    failures = 0
+
+    async def remove(self, session_id: str) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ClaimsUnavailableError("injected: Redis unreachable for this removal")
+        await super().remove(session_id)
+
+
+@pytest.fixture
+async def flaky_claims(redis_server):
+    client = connect_redis(redis_server.url)
+    store = _FlakyRemovals(client, WorkerRegistry(client, "w-flaky"), 60)
+    yield OwnedClaims(store, "w-flaky", window=30), store, client
+    await client.aclose()
+
+
+async def test_a_claim_taken_back_after_a_failed_removal_loses_its_expiry(flaky_claims):
+    claims, store, client = flaky_claims
+    key = RedisClaimStore.key("s")
+    assert await claims.claim("s") is None
+    await claims.enter("s")
+    await claims.leave("s")  # idle and not open: the key expires
+    store.failures = 1
+    claims.release_now("s")
+    await claims.wait_for_store()
+    assert "s" not in claims and await client.get(key) == "w-flaky"  # removal failed
+    assert await client.pttl(key) > 0
+    # A new start of the same id here takes the leftover claim back ...
+    assert await claims.claim("s") is None
+    await claims.enter("s")
+    claims.mark_open("s")
+    await claims.leave("s")
+    # ... and, open, it must not expire under the session.
+    assert await client.pttl(key) == -1
+
+
+async def test_a_retried_removal_never_deletes_a_claim_taken_back_meanwhile(flaky_claims):
+    claims, store, client = flaky_claims
+    assert await claims.claim("s") is None
+    store.failures = 1
+    claims.release_now("s")
+    await claims.wait_for_store()  # failed: the sweep would retry it
+    taking = asyncio.ensure_future(claims.claim("s"))
+    await asyncio.sleep(0)  # the claim is now waiting on Redis
+    claims.sweep()
+    assert await taking is None
+    await claims.wait_for_store()
+    assert await client.get(RedisClaimStore.key("s")) == "w-flaky"
+    assert "s" in claims
+
+
+async def test_a_claim_miss_right_after_redis_came_back_empty_is_503_not_a_takeover(
+    hosts, redis_server
+):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    redis_server.stop()
+    redis_server.start()  # empty
+    # Until its claimant writes the claim back, nobody may take the session over.
+    early = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    assert early.status == 503 and early.json["error"]["code"] == "claims_unavailable"
+    assert await wait_until(lambda: c.claim_owner(sid) == c[0].id, within=HEARTBEAT_SECONDS * 3)
+    touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    assert touched.status == 200 and touched.json["worker"] == c[0].id
+    # After the grace period a miss is a miss again: an unknown id is served where it lands.
+    await asyncio.sleep(RESTORE_GRACE_SECONDS)
+    unknown = await c[1].request("POST", "/touch", cookie=c.cookie_for(new_id()))
+    assert unknown.status == 200 and unknown.json["worker"] == c[1].id
+
+
+async def test_a_worker_cut_off_from_redis_too_long_stops_serving_its_sessions(hosts):
+    c = await hosts(2)
+    sid = new_id()
+    reply = await start(c[0], sid)
+    for task in c[0].app._background:  # its heartbeat stops ...
+        task.cancel()
+    registry = c[0].app.registry
+    assert registry is not None and registry.registered_within(5)
+    registry.last_registered -= 3600  # ... and its last registration is long past
+    for worker in (c[0], c[1]):  # on the claimant itself, and forwarded to it
+        refused = await worker.request("POST", "/touch", cookie=reply.cookie)
+        assert refused.status == 503 and refused.json["error"]["code"] == "claims_unavailable"
+    assert c[0].server.counts[sid] == 0
