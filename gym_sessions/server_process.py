@@ -115,7 +115,9 @@ def start_server(
     """Start ``gym-sessions serve TARGET --port 0 --workers N ARGS`` and wait until it serves.
 
     Ready means the listening line was printed, ``/health`` answers and, when
-    routing, every worker's private socket exists.
+    routing with file claims, every worker's private socket exists. (With
+    Redis claims workers register in Redis instead: callers that need every
+    worker wait for those registrations.)
 
     Raises:
         RuntimeError: the server exited or did not become ready in time (with its log).

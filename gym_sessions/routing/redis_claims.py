@@ -9,11 +9,19 @@ Keys, under one prefix per Redis database:
   expiry while the session is open or a request for it is in flight; the
   claimant gives it one (its window plus a margin) when it goes idle and not
   open (`OwnedClaims`).
+- ``gym_sessions:claims_of:<worker id>`` = the claim names a worker holds,
+  and ``gym_sessions:indexed_workers`` = the workers with such an index: how
+  the reaper finds a dead worker's claims that nobody asks about.
 - ``gym_sessions:worker:<worker id>`` = ``host:port`` of the worker's private
   TCP listener, with a short expiry the worker's heartbeat keeps renewing. A
   claim whose worker has no registration belongs to a dead (or cut-off)
-  worker: its requests get 410, and the reader gives the orphaned claim an
-  expiry so it does not stay in Redis forever.
+  worker: its requests get 410, and the reader (or the reaper) gives the
+  orphaned claim an expiry so it does not stay in Redis forever.
+- ``gym_sessions:epoch`` = one lifetime of Redis's data. When a running worker
+  finds it gone (Redis came back empty), it creates it stamped with Redis's
+  clock and writes its claims back; for `RESTORE_GRACE_SECONDS` after that a
+  claim miss is "no answer" (503), so a session is never taken over by another
+  worker before its claimant has written it back.
 
 Reading a claim and its worker's address is one round trip (a script). Redis
 errors become `ClaimsUnavailableError` (503 ``claims_unavailable``); the
