@@ -28,8 +28,11 @@ __all__ = ["PRIVATE_SCOPE_KEY", "PrivateListener"]
 
 PRIVATE_SCOPE_KEY = "gym_sessions.private"
 # Forwarding clients pool connections for less than this, so the listener never
-# closes a connection a client is about to reuse.
+# closes a connection a client is about to reuse. On TCP (reachable from the
+# network) idle connections go sooner; the forwarder retries a pooled
+# connection the listener closed while idle.
 _KEEP_ALIVE_SECONDS = 3600
+_TCP_KEEP_ALIVE_SECONDS = 300
 
 
 class _MarkPrivate:
@@ -86,7 +89,7 @@ class PrivateListener:
             proxy_headers=False,
             server_header=False,
             date_header=False,
-            timeout_keep_alive=_KEEP_ALIVE_SECONDS,
+            timeout_keep_alive=_KEEP_ALIVE_SECONDS if path is not None else _TCP_KEEP_ALIVE_SECONDS,
             ws="none",
         )
         self._config.load()
