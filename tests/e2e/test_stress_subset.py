@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stress.run import SMALL, format_table, run_suite
+from tests.conftest import require_or_skip
+from tests.stress.run import SMALL, format_table, run_multihost_suite, run_suite
 
 pytestmark = pytest.mark.e2e
 
@@ -17,3 +18,14 @@ def test_every_stress_check_passes_at_small_sizes():
     failed = [row.as_dict() for row in rows if not row.ok]
     assert failed == [], table
     assert len(rows) == 9
+
+
+@pytest.mark.timeout(600)
+def test_load_balanced_checks_pass_on_two_hosts_with_redis_claims_at_small_sizes():
+    require_or_skip("redis-server", "redis-server")
+    require_or_skip("nginx", "nginx")
+    rows = run_multihost_suite(SMALL)
+    table = format_table(rows)
+    print("\n" + table)
+    assert [row.as_dict() for row in rows if not row.ok] == [], table
+    assert len(rows) == 8

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
+import redis.asyncio
 
 from envs.counter_load import (
     Episode,
@@ -26,6 +27,7 @@ from envs.counter_load import (
     play,
     play_over_mcp,
 )
+from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.server_process import ServerProcess
 
 COOKIE = "gym_session"
@@ -255,6 +257,21 @@ async def claims_left(server: ServerProcess, window: float) -> Row:
         return (1 if left == 0 else 0), {"claims_left": left}
 
     return await _timed(f"claims left {window + 1:.0f} s after the run: none", 1, work)
+
+
+async def redis_claims_left(redis_url: str, window: float) -> Row:
+    """No claim left in Redis a window after the run (Redis claims: several hosts)."""
+
+    async def work() -> tuple[int, dict]:
+        await asyncio.sleep(window + 1.0)
+        client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            left = [key async for key in client.scan_iter(match=RedisClaimStore.claim_prefix + "*")]
+        finally:
+            await client.aclose()
+        return (1 if not left else 0), {"claims_left": len(left)}
+
+    return await _timed(f"Redis claims left {window + 1:.0f} s after the run: none", 1, work)
 
 
 # A worker SIGKILLed with sessions open ----------------------------------------------------------
