@@ -25,8 +25,10 @@ Keys, under one prefix per Redis database:
 
 Reading a claim and its worker's address is one round trip (a script). Redis
 errors become `ClaimsUnavailableError` (503 ``claims_unavailable``); the
-client retries once at once (a pooled connection may predate a Redis restart)
-and otherwise fails fast, so a request never waits long on a lost Redis.
+client retries once at once (a pooled connection may predate a Redis restart).
+A stopped Redis (refused or reset connections) fails at once; one that hangs
+fails after the reply timeout (10 s), long enough that a worker's own lag
+under a burst is never taken for a lost Redis (the stress run found that).
 The scripts read a key they are not given (the worker registration), which is
 fine on one Redis server or a replicated pair, not on Redis Cluster.
 """
@@ -72,10 +74,15 @@ _REAP_BATCH = 500
 # every claimant's next heartbeat writes its claims back.
 RESTORE_GRACE_SECONDS = 3 * HEARTBEAT_SECONDS
 _EPOCH_KEY = KEY_PREFIX + "epoch"
-_CONNECT_TIMEOUT_SECONDS = 1.0
-_REPLY_TIMEOUT_SECONDS = 2.0
+# A refused or reset connection fails at once; these bound a Redis that hangs.
+# They are generous because a worker's event loop may lag by seconds under a
+# burst, and a late reply is not a lost store.
+_CONNECT_TIMEOUT_SECONDS = 2.0
+_REPLY_TIMEOUT_SECONDS = 10.0
+# How long a request waits for one of the pool's connections under a burst.
+_POOL_WAIT_SECONDS = 10.0
 _ADDRESS_CACHE_SIZE = 4096
-_MAX_CONNECTIONS = 32
+_MAX_CONNECTIONS = 64
 
 _T = TypeVar("_T")
 
@@ -198,7 +205,7 @@ def connect_redis(url: str) -> redis.asyncio.Redis:
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         url,
         max_connections=_MAX_CONNECTIONS,
-        timeout=_REPLY_TIMEOUT_SECONDS,
+        timeout=_POOL_WAIT_SECONDS,
         socket_connect_timeout=_CONNECT_TIMEOUT_SECONDS,
         socket_timeout=_REPLY_TIMEOUT_SECONDS,
         retry=Retry(NoBackoff(), 1),
