@@ -134,6 +134,37 @@ def figure(name: str, draw: Callable[[Any], None], size: tuple[float, float] = (
     return path
 
 
+def latency_cdf(
+    name: str, per_round: dict[str, list[list[float]]], title: str, legend_size: int = 8
+) -> str:
+    """A CDF per kind of request of the latencies of every round, into ``results/<name>.png``."""
+
+    def draw(axes: Any) -> None:
+        for kind, batches in per_round.items():
+            values = sorted(x for b in batches for x in b)
+            fractions = [(i + 1) / len(values) for i in range(len(values))]
+            axes.plot(values, fractions, label=kind)
+        axes.set_xscale("log")
+        axes.set_xlabel("/step latency, ms (log)")
+        axes.set_ylabel("fraction of requests")
+        axes.set_title(title)
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(fontsize=legend_size)
+
+    return figure(name, draw, size=(8, 4.5) if legend_size < 8 else (7, 4))
+
+
+def needs(program: str, package: str, script: str) -> str:
+    """The path of ``program``; exits 2 with one line naming the Debian package if missing."""
+    from gym_sessions.local_services import require
+
+    try:
+        return require(program, package)
+    except FileNotFoundError as exc:
+        print(f"{script}: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
 def bars(
     axes: Any, labels: Sequence[str], values: Sequence[float], ylabel: str, fmt: str = "%.0f"
 ) -> None:

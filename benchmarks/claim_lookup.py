@@ -43,7 +43,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -53,7 +52,7 @@ from typing import Any
 import _common
 from _common import markdown_table
 
-from gym_sessions.local_services import RedisProcess, require, run_redis
+from gym_sessions.local_services import RedisProcess, run_redis
 from gym_sessions.routing.claim_store import FileClaimStore, claim_name
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.redis_claims import RedisClaimStore, WorkerRegistry, connect_redis
@@ -299,11 +298,7 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=2000, help="claims each worker holds")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
     args = parser.parse_args()
-    try:
-        require("redis-server", "redis-server")
-    except FileNotFoundError as exc:
-        print(f"claim_lookup: {exc}", file=sys.stderr)
-        sys.exit(2)
+    _common.needs("redis-server", "redis-server", "claim_lookup")
     print(_common.load_note())
     machine = _common.machine()  # before the run: its load average is the one at the start
     loop_factory, loop_name = event_loop_factory()

@@ -50,7 +50,6 @@ import contextlib
 import itertools
 import secrets
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +59,7 @@ import redis
 from _common import RawConnection, connections_by_worker, markdown_table
 from routing_cost import SteppedSession, round_order
 
-from gym_sessions.local_services import require, run_redis
+from gym_sessions.local_services import run_redis
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.server_process import ServerProcess, start_server
 
@@ -221,11 +220,11 @@ def signature_cost(calls: int = 20000) -> dict[str, dict[str, float]]:
     sign, verify = [], []
     for _ in range(calls):
         started = clock()
-        header = signer.header(scope, body)
+        header = signer.header(scope, body, "w-target")
         sign.append((clock() - started) / 1000)
         signed = {**scope, "headers": [*scope["headers"], header]}
         started = clock()
-        signer.verify(signed, body)
+        signer.verify_body(signer.verify_head(signed, "w-target"), body)
         verify.append((clock() - started) / 1000)
     return {"sign_us": _common.summary(sign), "verify_us": _common.summary(verify)}
 
@@ -236,11 +235,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="steps per class per round")
     parser.add_argument("--warmup", type=int, default=200, help="unrecorded steps per class")
     args = parser.parse_args()
-    try:
-        require("redis-server", "redis-server")
-    except FileNotFoundError as exc:
-        print(f"cross_host: {exc}", file=sys.stderr)
-        sys.exit(2)
+    _common.needs("redis-server", "redis-server", "cross_host")
     print(_common.load_note())
     machine = _common.machine()  # before the run: its load average is the one at the start
     started = time.monotonic()
@@ -408,19 +403,12 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def plot(per_round: dict[str, list[list[float]]]) -> None:
-    def draw(axes):  # type: ignore[no-untyped-def]
-        for kind, batches in per_round.items():
-            values = sorted(x for b in batches for x in b)
-            fractions = [(i + 1) / len(values) for i in range(len(values))]
-            axes.plot(values, fractions, label=kind)
-        axes.set_xscale("log")
-        axes.set_xlabel("/step latency, ms (log)")
-        axes.set_ylabel("fraction of requests")
-        axes.set_title("One tool call: local, forwarded on one host, forwarded to another host")
-        axes.grid(True, which="both", alpha=0.3)
-        axes.legend(fontsize=7)
-
-    _common.figure("cross_host", draw, size=(8, 4.5))
+    _common.latency_cdf(
+        "cross_host",
+        per_round,
+        "One tool call: local, forwarded on one host, forwarded to another host",
+        legend_size=7,
+    )
 
 
 if __name__ == "__main__":

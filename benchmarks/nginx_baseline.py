@@ -29,12 +29,11 @@ import argparse
 import contextlib
 import statistics
 import subprocess
-import sys
 
 import _common
 from _common import markdown_table, run_load
 
-from gym_sessions.local_services import require, run_nginx
+from gym_sessions.local_services import run_nginx
 from gym_sessions.server_process import start_server
 
 TARGET = "envs.counter:CounterEnv"
@@ -52,11 +51,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=400, help="timed episodes per run")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    try:
-        nginx_program = require("nginx", "nginx")
-    except FileNotFoundError as exc:
-        print(f"nginx_baseline: {exc}", file=sys.stderr)
-        sys.exit(2)
+    nginx_program = _common.needs("nginx", "nginx", "nginx_baseline")
     print(_common.load_note())
 
     runs: list[dict] = []

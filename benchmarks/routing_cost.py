@@ -300,19 +300,12 @@ def print_report(report: dict, transports: list[str | None]) -> None:
 
 
 def plot(per_round: dict[str, list[list[float]]]) -> None:
-    def draw(axes):  # type: ignore[no-untyped-def]
-        for kind, batches in per_round.items():
-            values = sorted(x for b in batches for x in b)
-            fractions = [(i + 1) / len(values) for i in range(len(values))]
-            axes.plot(values, fractions, label=kind)
-        axes.set_xscale("log")
-        axes.set_xlabel("/step latency, ms (log)")
-        axes.set_ylabel("fraction of requests")
-        axes.set_title("One tool call: local vs forwarded (sequential, kept-alive)")
-        axes.grid(True, which="both", alpha=0.3)
-        axes.legend(fontsize=8)
-
-    _common.figure("routing_cost", draw)
+    _common.latency_cdf(
+        "routing_cost",
+        per_round,
+        "One tool call: local vs forwarded (sequential, kept-alive)",
+        legend_size=8,
+    )
 
 
 if __name__ == "__main__":
