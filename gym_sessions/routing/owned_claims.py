@@ -94,10 +94,6 @@ class OwnedClaims:
     def __len__(self) -> int:
         return len(self._claims)
 
-    def session_ids(self) -> list[str]:
-        """The ids this worker claims."""
-        return list(self._claims)
-
     def on_release(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(session_id)`` whenever a claim of this worker ends."""
         self._release_hooks.append(hook)

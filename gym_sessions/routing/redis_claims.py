@@ -51,17 +51,14 @@ from gym_sessions.errors import ClaimsUnavailableError, StartupError
 from gym_sessions.routing.claim_store import claim_name
 
 __all__ = [
-    "REDIS_SCHEMES",
     "RedisClaimStore",
     "WorkerRegistry",
     "check_redis",
     "connect_redis",
-    "is_redis_url",
 ]
 
 logger = logging.getLogger("gym_sessions.routing")
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 KEY_PREFIX = "gym_sessions:"
 # A worker's registration lives this long without a heartbeat; heartbeats come
 # a few times per period, so one slow Redis reply does not unregister a worker.
@@ -102,6 +99,8 @@ local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then
   redis.call('SADD', KEYS[2], ARGV[2])
   redis.call('SADD', KEYS[3], ARGV[1])
+else
+  redis.call('SREM', KEYS[2], ARGV[2])
 end
 return owner
 """
@@ -137,7 +136,10 @@ return 0
 # it again if it is gone; 0 if another worker holds it.
 _KEEP = """
 local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then return 0 end
+if owner and owner ~= ARGV[1] then
+  redis.call('SREM', KEYS[2], ARGV[2])
+  return 0
+end
 if not owner then
   redis.call('SET', KEYS[1], ARGV[1])
   redis.call('SADD', KEYS[2], ARGV[2])
@@ -189,11 +191,6 @@ if not epoch then
 end
 return {existed, epoch}
 """
-
-
-def is_redis_url(claims: str) -> bool:
-    """Whether the ``claims`` setting names a Redis server."""
-    return claims.startswith(REDIS_SCHEMES)
 
 
 def connect_redis(url: str) -> redis.asyncio.Redis:

@@ -472,14 +472,18 @@ async def test_a_worker_whose_registration_lapsed_takes_its_claims_back(hosts):
     # Cut off long enough for its registration to expire: readers see it as
     # dead (410) and give its open session's claim an orphan's expiry.
     c.redis().delete(KEY_PREFIX + "worker:" + c[0].id)
-    assert (await c[1].request("POST", "/touch", cookie=reply.cookie)).status == 410
-    assert c.redis().pttl(RedisClaimStore.key(sid)) > 0
+    gone = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    if gone.status == 410:  # (else its heartbeat came first: nobody saw it unregistered)
+        assert c.redis().pttl(RedisClaimStore.key(sid)) > 0
+    else:
+        assert gone.status == 200 and gone.json["worker"] == c[0].id
     # Its next heartbeat registers it again and holds the open claim without expiry.
     assert await wait_until(
         lambda: c.redis().pttl(RedisClaimStore.key(sid)) == -1, within=HEARTBEAT_SECONDS * 3
     )
     touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
-    assert touched.status == 200 and touched.json == {"worker": c[0].id, "sid": sid, "count": 1}
+    assert touched.status == 200 and touched.json["worker"] == c[0].id
+    assert touched.json["count"] == (1 if gone.status == 410 else 2)
 
 
 class _FlakyRemovals(RedisClaimStore):
@@ -545,12 +549,17 @@ async def test_a_claim_miss_right_after_redis_came_back_empty_is_503_not_a_takeo
     reply = await start(c[0], sid)
     redis_server.stop()
     redis_server.start()  # empty
-    # Until its claimant writes the claim back, nobody may take the session over.
+    # Until its claimant writes the claim back, nobody may take the session over:
+    # 503 (or, if the claimant's heartbeat was quicker, served by the claimant).
     early = await c[1].request("POST", "/touch", cookie=reply.cookie)
-    assert early.status == 503 and early.json["error"]["code"] == "claims_unavailable"
+    if early.status == 503:
+        assert early.json["error"]["code"] == "claims_unavailable"
+    else:
+        assert early.status == 200 and early.json["worker"] == c[0].id
     assert await wait_until(lambda: c.claim_owner(sid) == c[0].id, within=HEARTBEAT_SECONDS * 3)
     touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
     assert touched.status == 200 and touched.json["worker"] == c[0].id
+    assert c[1].server.counts == {}
     # After the grace period a miss is a miss again: an unknown id is served where it lands.
     await asyncio.sleep(RESTORE_GRACE_SECONDS)
     unknown = await c[1].request("POST", "/touch", cookie=c.cookie_for(new_id()))
