@@ -40,12 +40,13 @@ class ClaimStore(Protocol):
 
     expires: bool
 
-    async def create(self, session_id: str) -> str | None:
+    async def create(self, session_id: str, *, restoring: bool = False) -> str | None:
         """Claim ``session_id`` for this worker.
 
         Returns ``None`` when the claim was created, else the worker id of the
         worker that holds it (this worker's own id if the store still has an
-        earlier claim of this worker).
+        earlier claim of this worker). ``restoring``: this worker is writing
+        back a claim it holds in memory after the store lost it.
         """
 
     async def read(self, session_id: str) -> str | None:
@@ -82,7 +83,7 @@ class FileClaimStore:
     def _path(self, session_id: str) -> str:
         return os.path.join(self.claims_dir, claim_name(session_id))
 
-    async def create(self, session_id: str) -> str | None:
+    async def create(self, session_id: str, *, restoring: bool = False) -> str | None:
         return self.create_now(session_id)
 
     async def read(self, session_id: str) -> str | None:
@@ -140,7 +141,7 @@ class LocalClaimStore:
 
     expires = False
 
-    async def create(self, session_id: str) -> str | None:
+    async def create(self, session_id: str, *, restoring: bool = False) -> str | None:
         return None
 
     async def read(self, session_id: str) -> str | None:

@@ -42,9 +42,10 @@ class _Claim:
     in_flight: int = 0
     release_when_idle: bool = False
     # Store side (stores with expiry only): whether the store was told to let
-    # the claim expire, and whether a task is bringing the store in line.
+    # the claim expire (or may have been: then a request must hold it first),
+    # and the lock one task at a time holds while bringing the store in line.
     expiring: bool = False
-    syncing: bool = False
+    lock: asyncio.Lock | None = None
 
     def should_expire(self) -> bool:
         return not self.open and self.in_flight == 0
@@ -153,12 +154,21 @@ class OwnedClaims:
             )
         claim = self._claims[session_id]
         claim.in_flight += 1
+        if not claim.expiring:
+            return
+        await self._sync_store(session_id, claim)
+        if self._claims.get(session_id) is not claim:
+            claim.in_flight -= 1
+            raise SessionConflictError(
+                f"session {session_id!r} expired in the claim store and was claimed elsewhere"
+            )
         if claim.expiring:
-            await self._sync_store(session_id, claim)
-            if self._claims.get(session_id) is not claim:
-                raise SessionConflictError(
-                    f"session {session_id!r} expired in the claim store and was claimed elsewhere"
-                )
+            # Not held in the store: its expiry may run out under this request
+            # and another worker take the session. Refuse rather than serve.
+            claim.in_flight -= 1
+            raise ClaimsUnavailableError(
+                f"the claim of session {session_id!r} could not be renewed in the claim store"
+            )
 
     async def leave(self, session_id: str) -> None:
         """A request entered with `enter` is done."""
@@ -264,59 +274,79 @@ class OwnedClaims:
             await asyncio.shield(task)
 
     def _sync_later(self, session_id: str, claim: _Claim) -> None:
-        if self.store.expires and claim.in_flight == 0 and not claim.syncing:
+        if self.store.expires and claim.in_flight == 0:
             task = asyncio.ensure_future(self._sync_store(session_id, claim))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _sync_store(self, session_id: str, claim: _Claim) -> None:
-        """Bring the store's expiry of this claim in line with its memory (one task at a time)."""
-        if claim.syncing:
-            return  # the running task loops until the store matches
-        claim.syncing = True
-        try:
-            while self._claims.get(session_id) is claim:
-                expire = claim.should_expire()
-                if expire == claim.expiring:
-                    return
-                if expire:
-                    kept = await self.store.expire(session_id, self.window + EXPIRY_MARGIN_SECONDS)
-                else:
-                    kept = await self.store.hold(session_id)
-                if not kept:
-                    logger.error("the claim of session %r expired and was taken", session_id)
-                    del self._claims[session_id]
-                    self._run_release_hooks(session_id)
-                    return
-                claim.expiring = expire
-        except ClaimsUnavailableError:
-            # Nobody can claim while the store is unreachable; the sweep retries
-            # (the heartbeat already reports the outage, once per beat).
-            logger.debug("claim store unreachable: expiry of %r not updated", session_id)
-        finally:
-            claim.syncing = False
+        """Bring the store's expiry of this claim in line with its memory.
 
-    async def restore(self) -> int:
+        One task at a time per claim (its lock), each looping until the store
+        matches, so two requests can never leave the store in the wrong order.
+        """
+        if claim.lock is None:
+            claim.lock = asyncio.Lock()
+        async with claim.lock:
+            try:
+                while self._claims.get(session_id) is claim:
+                    expire = claim.should_expire()
+                    if expire == claim.expiring:
+                        return
+                    if expire:
+                        seconds = self.window + EXPIRY_MARGIN_SECONDS
+                        kept = await self.store.expire(session_id, seconds)
+                    else:
+                        kept = await self.store.hold(session_id)
+                    if not kept:
+                        logger.error("the claim of session %r expired and was taken", session_id)
+                        del self._claims[session_id]
+                        self._run_release_hooks(session_id)
+                        return
+                    claim.expiring = expire
+            except ClaimsUnavailableError:
+                # Nobody can claim while the store is unreachable; the sweep
+                # retries (the heartbeat reports the outage, once per beat).
+                logger.debug("claim store unreachable: expiry of %r not updated", session_id)
+
+    async def restore(self, concurrency: int = 32) -> int:
         """Write every claim this worker holds back into the store (after it lost its data).
 
         Returns how many claims another worker had taken meanwhile; those are
-        dropped here (their state released), since the other worker now serves them.
+        dropped here (their state released), since the other worker now serves
+        them. Up to ``concurrency`` claims are written at a time.
         """
         lost = 0
-        for sid, claim in list(self._claims.items()):
-            other = await self.store.create(sid)
+        slots = asyncio.Semaphore(concurrency)
+
+        async def write_back(sid: str, claim: _Claim) -> None:
+            nonlocal lost
+            async with slots:
+                if self._claims.get(sid) is not claim:
+                    return  # released meanwhile: nothing to write back
+                other = await self.store.create(sid, restoring=True)
+            if self._claims.get(sid) is not claim:
+                if other is None:  # released while we wrote it: take it out again
+                    self._start_removal(sid)
+                return
             if other is not None and other != self.worker_id:
                 lost += 1
-                if self._claims.get(sid) is claim:
-                    del self._claims[sid]
-                    self._run_release_hooks(sid)
-                continue
-            if self._claims.get(sid) is not claim or claim.syncing:
-                continue  # released meanwhile, or a sync is already writing it
+                del self._claims[sid]
+                self._run_release_hooks(sid)
+                return
             # What the store holds is unknown (a fresh key, or one a reader gave
             # an orphan's expiry): force one update to what the claim needs.
             claim.expiring = not claim.should_expire()
-            await self._sync_store(sid, claim)
+            async with slots:
+                await self._sync_store(sid, claim)
+
+        results = await asyncio.gather(
+            *[write_back(sid, claim) for sid, claim in list(self._claims.items())],
+            return_exceptions=True,
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
         return lost
 
     def _run_release_hooks(self, session_id: str) -> None:

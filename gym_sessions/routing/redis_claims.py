@@ -83,13 +83,53 @@ _MAX_CONNECTIONS = 64
 
 _T = TypeVar("_T")
 
-# Claim scripts get KEYS = [claim key, this worker's claim index, the set of
-# workers that have an index] and ARGV = [worker id, claim name, ...]. The
-# index (claim names per worker) lets the reaper find the claims of a dead
-# worker that nobody asks about.
+# Lua shared by the scripts that answer who holds a claim.
+#
+# settling(epoch key, grace ms): why no claim lookup can be trusted right now,
+# or false. Redis has lost its data (no epoch), or came back empty moments ago
+# and the claimants are still writing their claims back.
+#
+# holder(claim key, owner, registration prefix, orphan ms, epoch key, grace ms):
+# {owner, address} if the owner is registered; else, unless Redis is settling
+# ({'', reason}: an unregistered owner may only not have renewed yet), {owner}
+# after giving the orphaned claim an expiry unless it has one.
+_HOLDER_LUA = """
+local function settling(epoch_key, grace_ms)
+  local epoch = redis.call('GET', epoch_key)
+  if not epoch then return 'has lost its data' end
+  local since = tonumber(string.match(epoch, '^(%d+):'))
+  if since and since > 0 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if now - since < tonumber(grace_ms) then return 'came back empty moments ago' end
+  end
+  return false
+end
 
-# Claim unless claimed; reply the holder if claimed (our own id included).
-_CREATE = """
+local function holder(key, owner, registration_prefix, orphan_ms, epoch_key, grace_ms)
+  local address = redis.call('GET', registration_prefix .. owner)
+  if address then return {owner, address} end
+  local reason = settling(epoch_key, grace_ms)
+  if reason then return {'', reason} end
+  if redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, orphan_ms) end
+  return {owner}
+end
+"""
+
+# Claim unless claimed: false on success, else what `holder` says of the
+# claimant ({our id} if it is this worker). KEYS = [claim key, this worker's
+# claim index, the set of workers with an index]; ARGV = [worker id, claim
+# name, registration prefix, orphan ms, epoch key, grace ms, restoring]. The
+# index (claim names per worker) lets the reaper find the claims of a dead
+# worker that nobody asks about. While Redis is settling only a restoring
+# claimant may write a claim that is not there.
+_CREATE = (
+    _HOLDER_LUA
+    + """
+if ARGV[7] ~= '1' and redis.call('EXISTS', KEYS[1]) == 0 then
+  local reason = settling(ARGV[5], ARGV[6])
+  if reason then return {'', reason} end
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   redis.call('SADD', KEYS[2], ARGV[2])
   redis.call('SADD', KEYS[3], ARGV[1])
@@ -99,34 +139,28 @@ local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then
   redis.call('SADD', KEYS[2], ARGV[2])
   redis.call('SADD', KEYS[3], ARGV[1])
-else
-  redis.call('SREM', KEYS[2], ARGV[2])
+  return {owner}
 end
-return owner
+redis.call('SREM', KEYS[2], ARGV[2])
+if ARGV[7] == '1' then return {owner} end
+return holder(KEYS[1], owner, ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 """
-# The claimant of KEYS[1] and its registered address. ARGV = [registration key
-# prefix, orphan ms, epoch key, restore grace ms]. An orphaned claim (its
-# worker unregistered) gets an expiry of ARGV[2] ms unless it has one. A miss
-# while Redis is empty, or soon after it came back empty, is no answer (the
-# claimants are still writing their claims back): {'', reason}.
-_READ = """
+)
+# Who holds KEYS[1]: false (nobody) or what `holder` says. ARGV = [registration
+# prefix, orphan ms, epoch key, grace ms]. A miss while Redis is settling is no
+# answer either.
+_READ = (
+    _HOLDER_LUA
+    + """
 local owner = redis.call('GET', KEYS[1])
-if not owner then
-  local epoch = redis.call('GET', ARGV[3])
-  if not epoch then return {'', 'has lost its data'} end
-  local since = tonumber(string.match(epoch, '^(%d+):'))
-  if since and since > 0 then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    if now - since < tonumber(ARGV[4]) then return {'', 'came back empty moments ago'} end
-  end
-  return false
-end
-local address = redis.call('GET', ARGV[1] .. owner)
-if address then return {owner, address} end
-if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return {owner}
+if owner then return holder(KEYS[1], owner, ARGV[1], ARGV[2], ARGV[3], ARGV[4]) end
+local reason = settling(ARGV[3], ARGV[4])
+if reason then return {'', reason} end
+return false
 """
+)
+# The claim scripts below get KEYS = [claim key, this worker's claim index, the
+# set of workers with an index] and ARGV = [worker id, claim name, ...].
 _REMOVE = """
 redis.call('SREM', KEYS[2], ARGV[2])
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -298,8 +332,12 @@ class WorkerRegistry:
         its expiry, or lost its data) or Redis's data is of another lifetime.
         """
         epoch = self.epoch
+        # Past its lifetime since the last confirmed write, the registration
+        # may have lapsed and come back (a renewal whose reply was lost):
+        # readers may have given this worker's claims an orphan's expiry.
+        may_have_lapsed = not self.registered_within(REGISTRATION_SECONDS)
         existed = await self._write("renew")
-        return existed and self.epoch == epoch
+        return existed and self.epoch == epoch and not may_have_lapsed
 
     async def _write(self, mode: str) -> bool:
         assert self.address is not None
@@ -415,16 +453,22 @@ class RedisClaimStore:
             )
         )
 
-    async def create(self, session_id: str) -> str | None:
-        return await self._run(self._create, session_id)
+    async def create(self, session_id: str, *, restoring: bool = False) -> str | None:
+        """`ClaimStore.create`; ``restoring`` writes a claim back even while Redis settles."""
+        found = await self._run(
+            self._create, session_id, *self._lookup_args(), "1" if restoring else "0"
+        )
+        return self._holder(found)
 
     async def read(self, session_id: str) -> str | None:
-        found: Any = await _call(
-            self._read(
-                keys=[self.key(session_id)],
-                args=[self.registry.key_prefix, self._orphan_ms, _EPOCH_KEY, self._grace_ms],
-            )
-        )
+        found = await _call(self._read(keys=[self.key(session_id)], args=self._lookup_args()))
+        return self._holder(found)
+
+    def _lookup_args(self) -> list[object]:
+        return [self.registry.key_prefix, self._orphan_ms, _EPOCH_KEY, self._grace_ms]
+
+    def _holder(self, found: Any) -> str | None:
+        """A claim script's answer: the holder's id (its address remembered), or ``None``."""
         if not found:
             return None
         owner = found[0]
@@ -432,7 +476,8 @@ class RedisClaimStore:
             raise ClaimsUnavailableError(
                 f"the claim store {found[1]}: its claims are being written back; retry shortly"
             )
-        self.registry.remember(owner, found[1] if len(found) > 1 else None)
+        if owner != self.worker_id:
+            self.registry.remember(owner, found[1] if len(found) > 1 else None)
         return owner
 
     async def remove(self, session_id: str) -> None:

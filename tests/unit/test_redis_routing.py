@@ -151,6 +151,7 @@ async def test_store_expiry_follows_open_in_flight_and_idle(redis_server):
         return await client.pttl(key)
 
     try:
+        await registry.register("127.0.0.1", 9)  # as a worker's start-up does
         assert await claims.claim("s1") is None
         await claims.enter("s1")
         assert await pttl() == -1
@@ -179,6 +180,8 @@ async def test_only_one_of_many_racing_workers_wins_each_claim(redis_server):
     ]
     sids = [new_id() for _ in range(200)]
     try:
+        for i, store in enumerate(stores):
+            await store.registry.register("127.0.0.1", 9000 + i)
         results = await asyncio.gather(
             *[asyncio.gather(*[store.create(sid) for sid in sids]) for store in stores]
         )
@@ -377,6 +380,8 @@ async def test_lost_redis_gives_503_except_for_own_sessions_and_service_resumes(
     )
     again = await c[1].request("POST", "/touch", cookie=mine_reply.cookie)
     assert again.status == 200 and again.json == {"worker": c[0].id, "sid": mine, "count": 2}
+    # New sessions start once the grace for writing claims back is over.
+    await asyncio.sleep(RESTORE_GRACE_SECONDS)
     fresh = new_id()
     await start(c[1], fresh)
     assert c.claim_owner(fresh) == c[1].id
@@ -502,6 +507,7 @@ class _FlakyRemovals(RedisClaimStore):
 async def flaky_claims(redis_server):
     client = connect_redis(redis_server.url)
     store = _FlakyRemovals(client, WorkerRegistry(client, "w-flaky"), 60)
+    await store.registry.register("127.0.0.1", 9)
     yield OwnedClaims(store, "w-flaky", window=30), store, client
     await client.aclose()
 
@@ -549,13 +555,24 @@ async def test_a_claim_miss_right_after_redis_came_back_empty_is_503_not_a_takeo
     reply = await start(c[0], sid)
     redis_server.stop()
     redis_server.start()  # empty
-    # Until its claimant writes the claim back, nobody may take the session over:
-    # 503 (or, if the claimant's heartbeat was quicker, served by the claimant).
-    early = await c[1].request("POST", "/touch", cookie=reply.cookie)
-    if early.status == 503:
-        assert early.json["error"]["code"] == "claims_unavailable"
-    else:
-        assert early.status == 200 and early.json["worker"] == c[0].id
+    # Until its claimant writes the claim back, nobody may take the session over,
+    # by any request (a cookie, a retried start, a close): 503, or, if the
+    # claimant's heartbeat was quicker, served by the claimant.
+    typed = {"resources_session_id": sid}
+    for path, body, cookie in [
+        ("/touch", None, reply.cookie),
+        ("/seed_session", typed, None),
+        ("/close_session", typed, None),
+    ]:
+        early = await c[1].request("POST", path, body, cookie=cookie)
+        if early.status == 503:
+            assert early.json["error"]["code"] == "claims_unavailable"
+        else:
+            assert early.status == 200 and c.claim_owner(sid) == c[0].id, early.json
+        if path == "/seed_session":  # a brand-new session waits out the grace too
+            brand_new = await c[1].request("POST", path, {"resources_session_id": new_id()})
+            assert brand_new.status == 503
+    assert c[1].server.counts == {}
     assert await wait_until(lambda: c.claim_owner(sid) == c[0].id, within=HEARTBEAT_SECONDS * 3)
     touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
     assert touched.status == 200 and touched.json["worker"] == c[0].id
@@ -579,3 +596,38 @@ async def test_a_worker_cut_off_from_redis_too_long_stops_serving_its_sessions(h
         refused = await worker.request("POST", "/touch", cookie=reply.cookie)
         assert refused.status == 503 and refused.json["error"]["code"] == "claims_unavailable"
     assert c[0].server.counts[sid] == 0
+
+
+async def test_an_idle_claim_that_cannot_be_held_again_is_not_served(flaky_claims, redis_server):
+    claims, _, _ = flaky_claims
+    assert await claims.claim("s") is None
+    await claims.enter("s")
+    await claims.leave("s")  # idle and not open: its key now expires by itself
+    redis_server.stop()
+    # Its expiry cannot be lifted, so another worker might take it once the
+    # key expires: refuse rather than serve, and leave nothing in flight.
+    with pytest.raises(ClaimsUnavailableError):
+        await claims.enter("s")
+    assert claims._claims["s"].in_flight == 0
+    redis_server.start()
+
+
+async def test_a_renewal_after_a_long_silence_asks_for_the_claims_to_be_written_back(
+    redis_server,
+):
+    now = [1000.0]
+    client = connect_redis(redis_server.url)
+    registry = WorkerRegistry(client, "w-quiet", clock=lambda: now[0])
+    try:
+        await registry.register("127.0.0.1", 9)
+        now[0] += HEARTBEAT_SECONDS
+        assert await registry.renew() is True
+        # Renewals whose replies were lost: Redis may have seen the registration
+        # lapse (and readers give its claims an orphan's expiry) even though it
+        # exists again now.
+        now[0] += 11
+        assert await registry.renew() is False
+        now[0] += HEARTBEAT_SECONDS
+        assert await registry.renew() is True
+    finally:
+        await client.aclose()
