@@ -134,6 +134,14 @@ def figure(name: str, draw: Callable[[Any], None], size: tuple[float, float] = (
     return path
 
 
+def check_connections(groups: dict[str, list[Any]]) -> None:
+    """Raise if a connection of ``groups`` (worker id -> connections) now reaches another worker."""
+    for worker, connections in groups.items():
+        for connection in connections:
+            if connection.get("/health")[1]["worker"] != worker:
+                raise RuntimeError("a connection changed worker during the run")
+
+
 def latency_cdf(
     name: str, per_round: dict[str, list[list[float]]], title: str, legend_size: int = 8
 ) -> str:

@@ -61,12 +61,16 @@ from routing_cost import SteppedSession, round_order
 
 from gym_sessions.local_services import run_redis
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server_process import (
+    ServerProcess,
+    registered_workers,
+    start_server,
+    wait_for_registrations,
+)
 
 TARGET = "envs.counter:CounterEnv"
 WORKERS_PER_SERVER = 2
 HOSTS = 2
-REGISTRATIONS = "gym_sessions:worker:*"
 
 LOCAL_FILE = "local, file claims"
 FORWARDED_FILE = "forwarded on one host, file claims (Unix socket)"
@@ -136,26 +140,11 @@ class Host:
 
     def check(self) -> None:
         """Every connection must still be the one that learned its worker."""
-        for worker, connections in self.groups.items():
-            for connection in connections:
-                if connection.get("/health")[1]["worker"] != worker:
-                    raise RuntimeError("a connection changed worker during the run")
+        _common.check_connections(self.groups)
 
     def close(self) -> None:
         for connection in itertools.chain(*self.groups.values()):
             connection.close()
-
-
-def wait_for_registrations(client: redis.Redis, expected: int, timeout: float = 30.0) -> set[str]:
-    """Poll Redis until ``expected`` workers registered; returns their ids."""
-    deadline = time.monotonic() + timeout
-    while True:
-        keys = {key.decode() for key in client.scan_iter(match=REGISTRATIONS, count=1000)}
-        if len(keys) >= expected:
-            return {key.rsplit(":", 1)[1] for key in keys}
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(keys)} of {expected} workers registered in Redis")
-        time.sleep(0.05)
 
 
 class Batches:
@@ -259,7 +248,7 @@ def main() -> None:
         file_server = stack.enter_context(
             start_server(TARGET, "--debug-worker-header", workers=WORKERS_PER_SERVER)
         )
-        registered = wait_for_registrations(client, HOSTS * WORKERS_PER_SERVER)
+        registered = wait_for_registrations(redis_server.url, HOSTS * WORKERS_PER_SERVER)
 
         hosts: list[Host] = []
         for name, server in [("file", file_server)] + [
@@ -288,7 +277,7 @@ def main() -> None:
                 per_round[kind].append(samples)
         for host in hosts:
             host.check()
-        if wait_for_registrations(client, HOSTS * WORKERS_PER_SERVER) != registered:
+        if registered_workers(redis_server.url) != registered:
             raise RuntimeError("the registered workers changed during the run")
         redis_info = client.info("server")["redis_version"]
         commands = {

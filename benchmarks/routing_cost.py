@@ -121,10 +121,7 @@ class Fleet:
 
     def check(self) -> None:
         """Every connection must still be the one that learned its worker."""
-        for worker, connections in self.groups.items():
-            for connection in connections:
-                if connection.get("/health")[1]["worker"] != worker:
-                    raise RuntimeError("a connection changed worker during the run")
+        _common.check_connections(self.groups)
 
     def close(self) -> None:
         for connection in itertools.chain(self.private.values(), *self.groups.values()):

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ServerProcess", "start_server"]
+__all__ = ["ServerProcess", "registered_workers", "start_server", "wait_for_registrations"]
 
 _LISTENING = re.compile(r"on http://(\S+):(\d+) with")
 
@@ -153,6 +153,36 @@ def start_server(
         server.stop()  # also when the caller is interrupted while waiting
         raise
     return server
+
+
+def registered_workers(redis_url: str) -> set[str]:
+    """The ids of the workers registered in Redis (servers with Redis claims)."""
+    import redis
+
+    from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = client.scan_iter(match=REGISTRATION_PREFIX + "*", count=1000)
+        return {key.removeprefix(REGISTRATION_PREFIX) for key in keys}
+    finally:
+        client.close()
+
+
+def wait_for_registrations(redis_url: str, expected: int, timeout: float = 30.0) -> set[str]:
+    """Wait until at least ``expected`` workers registered in Redis; returns their ids.
+
+    Raises:
+        RuntimeError: fewer registered within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        workers = registered_workers(redis_url)
+        if len(workers) >= expected:
+            return workers
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(workers)} of {expected} workers registered in Redis")
+        time.sleep(0.05)
 
 
 def _redis_claims(args: tuple[str, ...]) -> bool:

@@ -25,11 +25,10 @@ import time
 from starlette.types import Scope
 
 from gym_sessions.errors import ForbiddenError
-from gym_sessions.routing.forwarder import forwarded_headers, request_target
+from gym_sessions.routing.forwarder import SIGNATURE_HEADER, forwarded_headers, request_target
 
 __all__ = ["SIGNATURE_HEADER", "ForwardSigner"]
 
-SIGNATURE_HEADER = b"x-gym-forward-signature"
 _MAX_TIMESTAMP_DIGITS = 12
 
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORWARD_TRANSPORTS",
     "HOP_BY_HOP_HEADERS",
+    "SIGNATURE_HEADER",
     "Forwarder",
     "claimant_gone",
     "forwarded_headers",
@@ -64,7 +65,8 @@ HOP_BY_HOP_HEADERS = frozenset(
 # The body travels whole, so its length is set anew, the accepting worker
 # already answered any ``Expect: 100-continue``, and only the forwarding worker
 # may sign a request for a private listener.
-_NOT_FORWARDED = HOP_BY_HOP_HEADERS | {b"content-length", b"expect", b"x-gym-forward-signature"}
+SIGNATURE_HEADER = b"x-gym-forward-signature"
+_NOT_FORWARDED = HOP_BY_HOP_HEADERS | {b"content-length", b"expect", SIGNATURE_HEADER}
 
 
 class Forwarder(Protocol):

@@ -51,6 +51,7 @@ from gym_sessions.errors import ClaimsUnavailableError, StartupError
 from gym_sessions.routing.claim_store import claim_name
 
 __all__ = [
+    "REGISTRATION_PREFIX",
     "RedisClaimStore",
     "WorkerRegistry",
     "check_redis",
@@ -71,6 +72,7 @@ _REAP_BATCH = 500
 # every claimant's next heartbeat writes its claims back.
 RESTORE_GRACE_SECONDS = 3 * HEARTBEAT_SECONDS
 _EPOCH_KEY = KEY_PREFIX + "epoch"
+REGISTRATION_PREFIX = KEY_PREFIX + "worker:"
 # A refused or reset connection fails at once; these bound a Redis that hangs.
 # They are generous because a worker's event loop may lag by seconds under a
 # burst, and a late reply is not a lost store.
@@ -286,7 +288,7 @@ class WorkerRegistry:
     ) -> None:
         self.client = client
         self.worker_id = worker_id
-        self.key_prefix = KEY_PREFIX + "worker:"
+        self.key_prefix = REGISTRATION_PREFIX
         self.address: str | None = None
         self.epoch: str | None = None
         self.last_registered = float("-inf")

@@ -13,7 +13,8 @@ For each HTTP request `SessionRouter`:
    name the id afterwards (it came from the client, or the reply is no error).
    If another worker claimed the id meanwhile, the reply is 409.
 
-A request that arrived over a private socket is always served here. With one
+A request that arrived over a private socket is always served here (over a
+private TCP listener, only with a valid forward signature: `ForwardSigner`). With one
 worker (or routing off) the same steps run against a store that writes
 nothing, so ids, cookies, conflicts and lifetimes behave the same.
 """

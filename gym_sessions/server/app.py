@@ -104,13 +104,14 @@ class WorkerApp:
         self.forwarder: Forwarder | None = None
         self.forward_signer: ForwardSigner | None = None
         self.registry: WorkerRegistry | None = None
+        self.redis_store: RedisClaimStore | None = None
         store: ClaimStore = LocalClaimStore()
         window = settings.session_close_retry_window_seconds
         if settings.routed and settings.redis_claims:
             # Several hosts: claims and worker addresses in Redis, private
             # listeners on TCP, forwarded requests signed with the secret.
             self.registry = WorkerRegistry(connect_redis(settings.claims), self.worker_id)
-            store = RedisClaimStore(
+            store = self.redis_store = RedisClaimStore(
                 self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS
             )
             self.forward_signer = ForwardSigner(settings.secret)
@@ -200,9 +201,8 @@ class WorkerApp:
         logger.debug("worker %s started", self.worker_id)
 
     async def _reap_orphans(self) -> None:
-        store = self.claims.store
-        assert isinstance(store, RedisClaimStore)
-        reaped = await store.reap_orphans()
+        assert self.redis_store is not None
+        reaped = await self.redis_store.reap_orphans()
         if reaped:
             logger.info(
                 "worker %s: %d claims of dead workers set to expire", self.worker_id, reaped
@@ -233,8 +233,8 @@ class WorkerApp:
         if self.forwarder is not None:
             await self.forwarder.close()
         await self.claims.wait_for_store()
-        if self.registry is not None:
-            await self.registry.client.aclose()
+        if self.redis_store is not None:
+            await self.redis_store.close()
         # Claims stay: requests for these sessions must get 410, not empty state,
         # until the server exits and its runtime directory goes.
         self.server.release_all()

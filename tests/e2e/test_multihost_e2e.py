@@ -22,8 +22,8 @@ import redis
 
 from envs.counter_load import Episode, client_session, make_episodes, play, play_all
 from gym_sessions.local_services import NginxProcess, RedisProcess, free_port
-from gym_sessions.routing.redis_claims import KEY_PREFIX, RedisClaimStore
-from gym_sessions.server_process import ServerProcess
+from gym_sessions.routing.redis_claims import RedisClaimStore
+from gym_sessions.server_process import ServerProcess, registered_workers, wait_for_registrations
 
 from ..conftest import require_or_skip
 from .subprocesses import run_module
@@ -46,15 +46,15 @@ class Deployment:
     def url(self) -> str:
         return self.nginx.url
 
-    def store(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis.url, decode_responses=True)
-
     def owner(self, session_id: str) -> str | None:
-        return self.store().get(RedisClaimStore.key(session_id))
+        client = redis.Redis.from_url(self.redis.url, decode_responses=True)
+        try:
+            return client.get(RedisClaimStore.key(session_id))
+        finally:
+            client.close()
 
-    def registered_workers(self) -> list[str]:
-        prefix = KEY_PREFIX + "worker:"
-        return [key[len(prefix) :] for key in self.store().scan_iter(prefix + "*")]
+    def registered_workers(self) -> set[str]:
+        return registered_workers(self.redis.url)
 
     def host_of(self, worker_id: str) -> int:
         pid = int(worker_id.split("-")[0])
@@ -76,10 +76,7 @@ def deploy(serve, redis_server) -> Iterator[Callable[..., Deployment]]:
         ]  # fmt: skip
         deployment = Deployment(redis_server, hosts, NginxProcess([h.url for h in hosts]))
         if routed:
-            deadline = time.monotonic() + 30
-            while len(deployment.registered_workers()) < 2 * WORKERS_PER_HOST:
-                assert time.monotonic() < deadline, [h.log() for h in hosts]
-                time.sleep(0.1)
+            wait_for_registrations(redis_server.url, 2 * WORKERS_PER_HOST)
         proxies.append(deployment.nginx)
         deployment.nginx.start()
         return deployment

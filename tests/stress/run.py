@@ -25,11 +25,8 @@ import secrets
 import time
 from dataclasses import dataclass
 
-import redis
-
 from gym_sessions.local_services import run_nginx, run_redis
-from gym_sessions.routing.redis_claims import KEY_PREFIX
-from gym_sessions.server_process import start_server
+from gym_sessions.server_process import start_server, wait_for_registrations
 from tests.stress import scenarios
 from tests.stress.scenarios import Row
 
@@ -104,7 +101,7 @@ def run_multihost_suite(
             stack.enter_context(start_server(ENV_TARGET, *args, workers=workers_per_host))
             for _ in range(2)
         ]
-        _wait_for_registrations(store.url, 2 * workers_per_host)
+        wait_for_registrations(store.url, 2 * workers_per_host)
         balancer = stack.enter_context(run_nginx([host.url for host in hosts]))
         agent = stack.enter_context(start_server(AGENT_TARGET, "--window", str(window), workers=4))
 
@@ -121,18 +118,6 @@ def run_multihost_suite(
 
         asyncio.run(main())
     return rows
-
-
-def _wait_for_registrations(redis_url: str, workers: int, timeout: float = 30.0) -> None:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while len(list(client.scan_iter(match=KEY_PREFIX + "worker:*"))) < workers:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"fewer than {workers} workers registered in {timeout} s")
-            time.sleep(0.1)
-    finally:
-        client.close()
 
 
 def format_table(rows: list[Row]) -> str:

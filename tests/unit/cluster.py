@@ -154,6 +154,7 @@ class Cluster:
         self.runtime_dir = runtime_dir
         self.settings = settings
         self.credentials = SessionCredentials(settings.secret, settings.session_cookie)
+        self._redis: redis.Redis | None = None
 
     def __getitem__(self, index: int) -> Worker:
         return self.workers[index]
@@ -166,7 +167,9 @@ class Cluster:
 
     def redis(self) -> redis.Redis:
         """A blocking Redis client on the cluster's claim store (Redis claims only)."""
-        return redis.Redis.from_url(self.settings.claims, decode_responses=True)
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.settings.claims, decode_responses=True)
+        return self._redis
 
     def claim_count(self) -> int:
         return 0 if self.runtime_dir is None else self.runtime_dir.claim_count()
@@ -181,6 +184,8 @@ class Cluster:
     async def stop(self) -> None:
         for worker in self.workers:
             await worker.stop()
+        if self._redis is not None:
+            self._redis.close()
 
 
 async def start_cluster(
