@@ -63,16 +63,25 @@ async def _json(reply: aiohttp.ClientResponse) -> Any:
     return await reply.json(content_type=None)
 
 
-async def worker_healths(server: ServerProcess, workers: int, probes: int = 400) -> dict[str, dict]:
-    """``/health`` of every live worker, probed on new connections (bounded)."""
+async def worker_healths(
+    server: ServerProcess, workers: int, within: float = 15.0, batch: int = 16
+) -> dict[str, dict]:
+    """``/health`` of every live worker, probed on new connections (bounded in time).
+
+    Probes go out ``batch`` at a time: one connection after another tends to
+    reach the same awake worker, so sequential probes can miss one for long.
+    """
     seen: dict[str, dict] = {}
+    deadline = time.monotonic() + within
     async with client_session() as client:
-        for _ in range(probes):
+
+        async def probe() -> dict:
             async with client.get(server.url + "/health") as reply:
-                health = await _json(reply)
-            seen[health["worker"]] = health
-            if len(seen) >= workers:
-                break
+                return await _json(reply)
+
+        while len(seen) < workers and time.monotonic() < deadline:
+            for health in await asyncio.gather(*[probe() for _ in range(batch)]):
+                seen[health["worker"]] = health
     return seen
 
 
