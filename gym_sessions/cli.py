@@ -55,10 +55,13 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
     from uvicorn.supervisors import Multiprocess
 
     from gym_sessions.routing.runtime_dir import RuntimeDirectory
+    from gym_sessions.server.base import SessionServer
     from gym_sessions.server.targets import load_target
     from gym_sessions.server.worker import WORKER_ENV, app_from_environment, worker_environment
 
-    load_target(target)  # fail here, with one clear line, rather than in every worker
+    served = load_target(target)  # fail here, with one clear line, rather than in every worker
+    if isinstance(served, SessionServer):
+        served.check_settings(settings)
     if settings.redis_claims:
         from gym_sessions.routing.redis_claims import check_redis
 
@@ -159,6 +162,18 @@ def _parser() -> argparse.ArgumentParser:
         "(each worker listens on a port of its own there; default 127.0.0.1)",
     )
     serve_cmd.add_argument(
+        "--trust-session-ids",
+        action="store_true",
+        help="let a typed start or close reach a session by its id alone, without its cookie "
+        "or session_key (only when every client is trusted; see README 'Security')",
+    )
+    serve_cmd.add_argument(
+        "--unsandboxed",
+        action="store_true",
+        help="let servers that run client code (envs.python_repl) run it without their "
+        "sandbox when not root (see README 'Security')",
+    )
+    serve_cmd.add_argument(
         "--debug-worker-header",
         action="store_true",
         help="add x-gym-worker: <worker id> to replies (benchmarks, debugging)",
@@ -191,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 forward_transport=args.forward_transport,
                 claims=args.claims,
                 private_host=args.private_host,
+                trust_session_ids=args.trust_session_ids,
+                unsandboxed=args.unsandboxed,
                 **overrides,
             )
             serve(args.target, settings, args.log_level)

@@ -21,7 +21,9 @@
           ├── HeadersTooLargeError      431 headers_too_large
           ├── EnvError                  500 env_error
           ├── InternalServerError       500 internal_error
-          └── BadGatewayError           502 bad_gateway
+          ├── BadGatewayError           502 bad_gateway
+          ├── CapacityReachedError      503 capacity_reached
+          └── ClaimsUnavailableError    503 claims_unavailable
 
 The server raises these and `error_response` renders them as
 ``{"error": {"code": ..., "message": ...}}``; the client turns such a body back
@@ -36,6 +38,7 @@ from typing import Any, ClassVar
 __all__ = [
     "BadGatewayError",
     "BodyTooLargeError",
+    "CapacityReachedError",
     "ClaimsUnavailableError",
     "ConnectionLostError",
     "EnvError",
@@ -177,6 +180,12 @@ class InternalServerError(HTTPError):
 
 class BadGatewayError(HTTPError):
     status, code = 502, "bad_gateway"
+
+
+class CapacityReachedError(HTTPError):
+    """The worker holds as many of a bounded resource as it may (try again later)."""
+
+    status, code = 503, "capacity_reached"
 
 
 class ClaimsUnavailableError(HTTPError):

@@ -74,6 +74,11 @@ class Settings:
             reference hop over Unix sockets, kept for comparison; file claims only).
         debug_worker_header: Add ``x-gym-worker: <id>`` to replies, naming the
             worker that ran the handler (off by default; for benchmarks and debugging).
+        trust_session_ids: Let a typed start or close that names a session by
+            id alone reach it, without the session's cookie or ``session_key``
+            (off by default: only for deployments where every client is trusted).
+        unsandboxed: Allow servers that run client code (the Python REPL
+            example) to run it without their sandbox (off by default).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
     """
 
@@ -93,6 +98,8 @@ class Settings:
     timeout_keep_alive: float = 120.0
     forward_transport: str = "http"
     debug_worker_header: bool = False
+    trust_session_ids: bool = False
+    unsandboxed: bool = False
     runtime_dir: str | None = None
 
     def __post_init__(self) -> None:

@@ -48,6 +48,13 @@ class SessionServer:
         self.claims = claims
         self.credentials = credentials
 
+    def check_settings(self, settings: Settings) -> None:
+        """Refuse settings this server cannot run with (raise `StartupError`).
+
+        The supervisor calls it once before any worker starts, so a refusal is
+        one line and exit status 2 rather than a failure in every worker.
+        """
+
     @property
     def start_paths(self) -> tuple[str, ...]:
         """Routes that start a session (claimed before their handler)."""
