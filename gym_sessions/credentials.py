@@ -1,34 +1,72 @@
-"""Signed session cookies and MCP session tokens.
+"""Signed session cookies, opaque MCP session tokens and session-key digests.
 
 The cookie uses Starlette's ``SessionMiddleware`` encoding (base64 JSON signed by
 an itsdangerous ``TimestampSigner``), so the router can read the session id
-from it before any middleware runs. Tokens are ``{"sid": ...}`` signed with the
-same secret under their own salt, so a cookie can never pass as a token. Both
-expire after `COOKIE_MAX_AGE_SECONDS` (14 days), like Starlette's cookie.
+from it before any middleware runs. Its holder owns the session, so it may
+read what it carries (the id and the incarnation nonce).
+
+The MCP session token is handed to tool clients that may be sandboxed (an LLM
+harness), so it must tell them nothing: it is a Fernet token (AES-128-CBC and
+HMAC-SHA256, from ``cryptography``) encrypting ``{sid, inc, tools}`` under a key
+derived from the secret. A token holder learns neither its session id nor which
+tools it may call, and cannot widen either. Cookies and tokens use different
+keys and formats, so one can never pass as the other. Both expire after
+`COOKIE_MAX_AGE_SECONDS` (14 days), like Starlette's cookie.
+
+A ``session_key`` (the client's proof for typed starts and closes without a
+cookie) is never stored: only an HMAC of it, bound to the session id.
 """
 
 from __future__ import annotations
 
+import base64
 import binascii
+import hashlib
+import hmac
 import json
 from base64 import b64decode, b64encode
+from dataclasses import dataclass
 from typing import Any
 
 import itsdangerous
+from cryptography.fernet import Fernet, InvalidToken
 
-__all__ = ["COOKIE_MAX_AGE_SECONDS", "SessionCredentials"]
+__all__ = ["COOKIE_MAX_AGE_SECONDS", "INCARNATION_KEY", "SessionCredentials", "SessionToken"]
 
 COOKIE_MAX_AGE_SECONDS = 14 * 24 * 60 * 60
-_TOKEN_SALT = "gym-sessions.mcp-session-token"
+#: Key of the session's incarnation nonce in the cookie data (beside its id).
+INCARNATION_KEY = "incarnation"
+
+
+def _derived_key(secret: str, purpose: bytes) -> bytes:
+    # One secret, independent keys per use: a key of one kind says nothing of another.
+    return hmac.new(secret.encode(), b"gym-sessions/" + purpose, hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class SessionToken:
+    """What an MCP session token carries once decrypted.
+
+    Attributes:
+        session_id: The session it was minted for.
+        incarnation: The nonce of that session's incarnation: the token reaches
+            nothing once the id names a later session.
+        tools: The tools its holder may list and call; ``None`` means all.
+    """
+
+    session_id: str
+    incarnation: str
+    tools: frozenset[str] | None = None
 
 
 class SessionCredentials:
-    """Signs and verifies the session cookie and the MCP session token."""
+    """Signs and verifies session cookies, mints and reads MCP tokens, digests session keys."""
 
     def __init__(self, secret: str, cookie_name: str) -> None:
         self.cookie_name = cookie_name
         self._cookie_signer = itsdangerous.TimestampSigner(secret)
-        self._token_serializer = itsdangerous.URLSafeTimedSerializer(secret, salt=_TOKEN_SALT)
+        self._token_cipher = Fernet(base64.urlsafe_b64encode(_derived_key(secret, b"mcp-token")))
+        self._session_key_mac = _derived_key(secret, b"session-key")
 
     def encode_cookie(self, data: dict[str, Any]) -> str:
         """The cookie value carrying ``data``."""
@@ -51,15 +89,35 @@ class SessionCredentials:
             f"Max-Age={COOKIE_MAX_AGE_SECONDS}; httponly; samesite=lax"
         ).encode()
 
-    def mint_token(self, session_id: str) -> str:
-        """An MCP session token naming ``session_id``."""
-        return self._token_serializer.dumps({"sid": session_id})
+    def mint_token(
+        self, session_id: str, incarnation: str, tools: frozenset[str] | None = None
+    ) -> str:
+        """An opaque MCP session token for one incarnation of ``session_id``."""
+        payload = {"sid": session_id, "inc": incarnation}
+        if tools is not None:
+            payload["tools"] = sorted(tools)
+        return self._token_cipher.encrypt(json.dumps(payload).encode()).decode("ascii")
 
-    def read_token(self, token: str) -> str | None:
-        """The session id of a token, or ``None`` if it is not one of ours or has expired."""
+    def read_token(self, token: str) -> SessionToken | None:
+        """What a token carries, or ``None`` if it is not one of ours or has expired."""
         try:
-            data = self._token_serializer.loads(token, max_age=COOKIE_MAX_AGE_SECONDS)
-        except itsdangerous.BadData:
+            data = json.loads(
+                self._token_cipher.decrypt(token.encode("ascii"), ttl=COOKIE_MAX_AGE_SECONDS)
+            )
+        except (InvalidToken, UnicodeError, ValueError):
             return None
-        sid = data.get("sid") if isinstance(data, dict) else None
-        return sid if isinstance(sid, str) else None
+        if not isinstance(data, dict):
+            return None
+        sid, incarnation, tools = data.get("sid"), data.get("inc"), data.get("tools")
+        if not isinstance(sid, str) or not isinstance(incarnation, str):
+            return None
+        if tools is not None:
+            if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+                return None
+            tools = frozenset(tools)
+        return SessionToken(sid, incarnation, tools)
+
+    def session_key_digest(self, session_id: str, session_key: str) -> bytes:
+        """The digest kept in place of ``session_key``; bound to the id, keyed by the secret."""
+        message = session_id.encode() + b"\0" + session_key.encode()
+        return hmac.new(self._session_key_mac, message, hashlib.sha256).digest()

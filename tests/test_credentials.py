@@ -1,9 +1,14 @@
-"""Signed cookies and tokens: round trips, tampering, other keys, expiry."""
+"""Signed cookies, opaque tokens and session-key digests: round trips, tampering, expiry."""
+
+import base64
+import binascii
+import contextlib
+import time
 
 import itsdangerous.timed
 import pytest
 
-from gym_sessions.credentials import COOKIE_MAX_AGE_SECONDS, SessionCredentials
+from gym_sessions.credentials import COOKIE_MAX_AGE_SECONDS, SessionCredentials, SessionToken
 
 CREDENTIALS = SessionCredentials("secret-one-" + "x" * 20, "gym_session")
 OTHER = SessionCredentials("secret-two-" + "y" * 20, "gym_session")
@@ -13,30 +18,84 @@ def test_cookie_and_token_round_trip():
     assert CREDENTIALS.decode_cookie(CREDENTIALS.encode_cookie({"session_id": "a"})) == {
         "session_id": "a"
     }
-    assert CREDENTIALS.read_token(CREDENTIALS.mint_token("a")) == "a"
+    assert CREDENTIALS.read_token(CREDENTIALS.mint_token("a", "n1")) == SessionToken("a", "n1")
+    limited = CREDENTIALS.mint_token("a", "n1", frozenset({"observe"}))
+    assert CREDENTIALS.read_token(limited) == SessionToken("a", "n1", frozenset({"observe"}))
+
+
+def _decodings(text: str) -> list[bytes]:
+    """Every base64 / base64url decoding of ``text`` and of each of its dot-separated parts."""
+    found = []
+    for part in [text, *text.split(".")]:
+        for decode in (base64.b64decode, base64.urlsafe_b64decode):
+            for pad in ("", "=", "=="):
+                with contextlib.suppress(binascii.Error, ValueError):
+                    found.append(decode(part + pad))
+    return found
+
+
+def test_tokens_are_opaque_to_their_holder():
+    sid = "victim-session-0123456789abcdef"
+    token = CREDENTIALS.mint_token(sid, "nonce-abcdef", frozenset({"step"}))
+    assert sid not in token
+    for decoded in _decodings(token):
+        for secret_part in (sid, "nonce-abcdef", "step", "sid"):
+            assert secret_part.encode() not in decoded
+    # Two tokens of one session differ: nothing links them for an observer.
+    assert CREDENTIALS.mint_token(sid, "nonce-abcdef") != CREDENTIALS.mint_token(
+        sid, "nonce-abcdef"
+    )
 
 
 def test_other_keys_tampering_and_crossing_kinds_are_refused():
     cookie = CREDENTIALS.encode_cookie({"session_id": "a"})
-    token = CREDENTIALS.mint_token("a")
+    token = CREDENTIALS.mint_token("a", "n")
     assert OTHER.decode_cookie(cookie) is None
     assert OTHER.read_token(token) is None
     assert CREDENTIALS.decode_cookie(cookie[:-2] + "xx") is None
     assert CREDENTIALS.read_token(token[:-2] + "xx") is None
     assert CREDENTIALS.read_token(cookie) is None  # a cookie never passes as a token
     assert CREDENTIALS.decode_cookie(token) is None
+    assert CREDENTIALS.read_token("é") is None
 
 
-@pytest.mark.parametrize("kind", ["cookie", "token"])
-def test_cookies_and_tokens_expire(monkeypatch, kind):
+def test_cookies_expire(monkeypatch):
     real_time = itsdangerous.timed.time.time
     monkeypatch.setattr(
         itsdangerous.timed.time, "time", lambda: real_time() - COOKIE_MAX_AGE_SECONDS - 60
     )
     old_cookie = CREDENTIALS.encode_cookie({"session_id": "a"})
-    old_token = CREDENTIALS.mint_token("a")
     monkeypatch.setattr(itsdangerous.timed.time, "time", real_time)
-    if kind == "cookie":
-        assert CREDENTIALS.decode_cookie(old_cookie) is None
-    else:
-        assert CREDENTIALS.read_token(old_token) is None
+    assert CREDENTIALS.decode_cookie(old_cookie) is None
+
+
+def test_tokens_expire():
+    long_ago = int(time.time()) - COOKIE_MAX_AGE_SECONDS - 60
+    old = CREDENTIALS._token_cipher.encrypt_at_time(b'{"sid": "a", "inc": "n"}', long_ago)
+    assert CREDENTIALS.read_token(old.decode()) is None
+    fresh = CREDENTIALS._token_cipher.encrypt(b'{"sid": "a", "inc": "n"}')
+    assert CREDENTIALS.read_token(fresh.decode()) == SessionToken("a", "n")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[1]",
+        b'{"sid": 1, "inc": "n"}',
+        b'{"sid": "a"}',
+        b'{"sid": "a", "inc": "n", "tools": "step"}',
+        b"not json",
+    ],
+)
+def test_malformed_token_payloads_are_no_tokens(payload):
+    assert CREDENTIALS.read_token(CREDENTIALS._token_cipher.encrypt(payload).decode()) is None
+
+
+def test_session_key_digests_bind_the_id_and_the_secret():
+    key = "k" * 32
+    digest = CREDENTIALS.session_key_digest("a", key)
+    assert digest == CREDENTIALS.session_key_digest("a", key)
+    assert digest != CREDENTIALS.session_key_digest("b", key)
+    assert digest != CREDENTIALS.session_key_digest("a", key + "x")
+    assert digest != OTHER.session_key_digest("a", key)
+    assert key.encode() not in digest

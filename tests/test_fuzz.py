@@ -33,8 +33,8 @@ from gymnasium.spaces import (
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gym_sessions.credentials import SessionCredentials
-from gym_sessions.errors import InvalidSessionIdError, SessionConflictError
+from gym_sessions.credentials import SessionCredentials, SessionToken
+from gym_sessions.errors import ForbiddenError, InvalidSessionIdError, SessionConflictError
 from gym_sessions.routing.session_ids import (
     AGENT_SOURCES,
     RESOURCES_SOURCES,
@@ -130,7 +130,7 @@ def cookie_values(draw: st.DrawFn) -> str:
         payload = CREDENTIALS.encode_cookie({"session_id": "victim"}).split(".", 1)[0]
         return payload + "." + genuine.split(".", 1)[1]
     if kind == "token":  # a token is no cookie
-        return CREDENTIALS.mint_token(draw(valid_ids))
+        return CREDENTIALS.mint_token(draw(valid_ids), "n")
     return draw(st.text(max_size=60))
 
 
@@ -138,12 +138,13 @@ def cookie_values(draw: st.DrawFn) -> str:
 def token_values(draw: st.DrawFn) -> str:
     sid = draw(maybe_ids)
     kind = draw(st.sampled_from(["genuine", "other_key", "truncated", "junk", "cookie"]))
+    payload = json.dumps({"sid": sid, "inc": "n"}).encode()
     if kind == "genuine":
-        return CREDENTIALS._token_serializer.dumps({"sid": sid})
+        return CREDENTIALS._token_cipher.encrypt(payload).decode()
     if kind == "other_key":
-        return OTHER_KEY._token_serializer.dumps({"sid": sid})
+        return OTHER_KEY._token_cipher.encrypt(payload).decode()
     if kind == "truncated":
-        token = CREDENTIALS.mint_token("x" if not isinstance(sid, str) else sid)
+        token = CREDENTIALS.mint_token("x" if not isinstance(sid, str) else sid, "n")
         return token[: draw(st.integers(0, max(0, len(token) - 1)))]
     if kind == "cookie":
         return CREDENTIALS.encode_cookie({"session_id": sid})
@@ -201,12 +202,13 @@ def _check_found(
     sources: SessionIdSources,
     path: str,
     cookie: dict[str, Any] | None,
-    token_sid: str | None,
+    token: SessionToken | None,
     body: Any,
 ) -> None:
     """``found`` is None or a valid id taken from the source it names, in the documented order."""
     cookie_sid = cookie.get(sources.cookie_key) if cookie else None
-    token_ok = sources.accepts_token and is_valid_session_id(token_sid)
+    token_sid = token.session_id if token else None
+    token_ok = path in sources.token_paths and is_valid_session_id(token_sid)
     body_sid = (
         body.get(sources.body_key)
         if path in sources.typed_paths and isinstance(body, dict)
@@ -239,11 +241,18 @@ def _find_checked(
     sources: SessionIdSources,
     path: str,
     cookie: dict[str, Any] | None,
-    token_sid: str | None,
+    token: SessionToken | None,
     body: Any,
 ) -> None:
+    token_sid = token.session_id if token else None
+    cookie_sid = cookie.get(sources.cookie_key) if cookie else None
     try:
-        found = find_session_id(sources, path, cookie, token_sid, body)
+        found = find_session_id(sources, path, cookie, token, body)
+    except ForbiddenError:
+        # A token reaches MCP tool calls only: elsewhere, without a cookie, it is refused.
+        assert token is not None and path not in sources.token_paths
+        assert not is_valid_session_id(cookie_sid)
+        return
     except InvalidSessionIdError:
         # Only a present, malformed body id of a typed path is refused this way.
         assert path in sources.typed_paths and isinstance(body, dict)
@@ -254,15 +263,14 @@ def _find_checked(
         assert path in sources.typed_paths and isinstance(body, dict)
         body_sid = body[sources.body_key]
         assert is_valid_session_id(body_sid)
-        cookie_sid = cookie.get(sources.cookie_key) if cookie else None
         named = (
             cookie_sid
             if is_valid_session_id(cookie_sid)
-            else (token_sid if sources.accepts_token else None)
+            else (token_sid if path in sources.token_paths else None)
         )
         assert is_valid_session_id(named) and named != body_sid
         return
-    _check_found(found, sources, path, cookie, token_sid, body)
+    _check_found(found, sources, path, cookie, token, body)
 
 
 @FUZZ
@@ -282,10 +290,10 @@ def _find_checked(
     body={"resources_session_id": "../../x"},
 )
 def test_read_credentials_then_find_session_id(sources, path, headers, body):
-    cookie, token_sid = read_credentials(headers, CREDENTIALS)
+    cookie, token = read_credentials(headers, CREDENTIALS)
     assert cookie is None or isinstance(cookie, dict)
-    assert token_sid is None or isinstance(token_sid, str)
-    _find_checked(sources, path, cookie, token_sid, body)
+    assert token is None or isinstance(token.session_id, str)
+    _find_checked(sources, path, cookie, token, body)
 
 
 @FUZZ
@@ -293,11 +301,13 @@ def test_read_credentials_then_find_session_id(sources, path, headers, body):
     sources=source_tables,
     path=all_paths,
     cookie=st.one_of(st.none(), _id_dict("session_id"), _id_dict("agent_session_id")),
-    token_sid=st.one_of(st.none(), valid_ids, odd_ids),
+    token=st.one_of(
+        st.none(), st.builds(SessionToken, st.one_of(valid_ids, odd_ids), st.just("n"))
+    ),
     body=bodies(),
 )
-def test_find_session_id_on_decoded_sources(sources, path, cookie, token_sid, body):
-    _find_checked(sources, path, cookie, token_sid, body)
+def test_find_session_id_on_decoded_sources(sources, path, cookie, token, body):
+    _find_checked(sources, path, cookie, token, body)
 
 
 @FUZZ
@@ -317,12 +327,12 @@ def test_only_genuine_cookies_and_tokens_are_read(data, junk):
         assert read_credentials(headers, CREDENTIALS) == (None, None), value
     sid = data.get("session_id")
     if isinstance(sid, str):
-        token = CREDENTIALS.mint_token(sid)
+        token = CREDENTIALS.mint_token(sid, "n")
         assert read_credentials([(b"x-gym-session-token", token.encode())], CREDENTIALS) == (
             None,
-            sid,
+            SessionToken(sid, "n"),
         )
-        foreign = OTHER_KEY.mint_token(sid)
+        foreign = OTHER_KEY.mint_token(sid, "n")
         assert read_credentials([(b"x-gym-session-token", foreign.encode())], CREDENTIALS) == (
             None,
             None,

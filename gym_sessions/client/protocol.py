@@ -10,9 +10,10 @@ Which requests may be sent again after a lost reply (`Request.resendable`):
 
 - ``GET`` requests, ``/render``, ``/observe`` and ``/close_session`` change nothing
   or are idempotent;
-- ``/reset`` carries the session id the client picked (``resources_session_id``),
-  so a resent start restarts the episode of the same session and never creates
-  a second one;
+- ``/reset`` carries the session id the client picked (``resources_session_id``)
+  and a random ``session_key`` it keeps for the session, so a resent start (whose
+  first reply, and so the cookie, was lost) restarts the episode of the same
+  session and never creates a second one; a close carries the key too;
 - ``/step`` and ``/verify`` are not idempotent and are never resent blindly.
   After a lost ``/step`` reply the client asks ``/observe`` how many steps the
   episode has taken: if the step did not run it is sent again, otherwise
@@ -22,6 +23,7 @@ Which requests may be sent again after a lost reply (`Request.resendable`):
 from __future__ import annotations
 
 import json
+import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -149,6 +151,8 @@ class RemoteEnvProtocol:
         self.description = description
         self.render_mode = render_mode
         self.session_id = session_id or uuid.uuid4().hex
+        #: Proof of ownership for starts and closes sent without the cookie.
+        self.session_key = secrets.token_urlsafe(32)
         self.started = False
         #: Steps of the open episode, as the server counts them (``/observe``).
         self.episode_length = 0
@@ -158,6 +162,7 @@ class RemoteEnvProtocol:
     def reset_request(self, seed: int | None, options: dict[str, Any] | None) -> Request:
         body: dict[str, Any] = {
             "resources_session_id": self.session_id,
+            "session_key": self.session_key,
             "seed": seed,
             "options": options,
         }
@@ -226,6 +231,5 @@ class RemoteEnvProtocol:
         return Request("GET", "/health", resendable=True)
 
     def close_request(self) -> Request:
-        return Request(
-            "POST", "/close_session", {"resources_session_id": self.session_id}, resendable=True
-        )
+        body = {"resources_session_id": self.session_id, "session_key": self.session_key}
+        return Request("POST", "/close_session", body, resendable=True)

@@ -21,10 +21,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError
 from gym_sessions.routing.claim_store import ClaimStore
+from gym_sessions.routing.session_access import Incarnation
 
 __all__ = ["EXPIRY_MARGIN_SECONDS", "OwnedClaims"]
 
@@ -38,6 +39,9 @@ EXPIRY_MARGIN_SECONDS = 10.0
 @dataclass
 class _Claim:
     idle_since: float
+    # Who the session belongs to: lives and ends with the claim, so an id whose
+    # claim ended starts a new incarnation that no earlier credential reaches.
+    incarnation: Incarnation = field(default_factory=Incarnation)
     open: bool = False
     in_flight: int = 0
     release_when_idle: bool = False
@@ -115,8 +119,19 @@ class OwnedClaims:
         await self._removed(session_id)
         return await self.store.read(session_id)
 
-    async def claim(self, session_id: str) -> str | None:
+    def incarnation(self, session_id: str) -> Incarnation:
+        """The incarnation of a session this worker claims (see `session_access`)."""
+        return self._claims[session_id].incarnation
+
+    async def claim(
+        self, session_id: str, incarnation: Incarnation | None = None
+    ) -> str | None:
         """Claim ``session_id`` here; ``None`` on success, else the other claimant's id.
+
+        Args:
+            session_id: The id.
+            incarnation: The incarnation a new claim starts (a fresh, unbound
+                one by default); ignored when this worker already holds the id.
 
         Raises:
             ClaimsUnavailableError: the store cannot be reached.
@@ -134,7 +149,11 @@ class OwnedClaims:
                 # worker let go of it (its removal failed), maybe with an
                 # expiry; marked expiring so the first request holds it again.
                 adopted = other == self.worker_id
-                self._claims[session_id] = _Claim(idle_since=self._clock(), expiring=adopted)
+                self._claims[session_id] = _Claim(
+                    idle_since=self._clock(),
+                    incarnation=incarnation or Incarnation(),
+                    expiring=adopted,
+                )
             return None
         return other
 

@@ -7,9 +7,16 @@ from typing import Any
 
 from starlette.types import Scope
 
+from gym_sessions.credentials import SessionToken
 from gym_sessions.routing.session_ids import IdSource
 
-__all__ = ["REQUEST_SESSION_KEY", "RequestSession", "SessionData", "request_session"]
+__all__ = [
+    "REQUEST_SESSION_KEY",
+    "RequestSession",
+    "SessionData",
+    "claims_on_reply",
+    "request_session",
+]
 
 REQUEST_SESSION_KEY = "gym_sessions.request_session"
 _NO_BODY = object()
@@ -108,6 +115,14 @@ class RequestSession:
         claims_on_use: A handler that uses the session claims it (see
             `SessionIdSources.claims_on_use`).
         cookie: The request's verified cookie data, or ``None``.
+        token: The request's verified MCP session token, or ``None`` (dropped by
+            the claimant when it belongs to another incarnation).
+        session_key: The ``session_key`` of a typed body, or ``None``.
+        incarnation: Nonce of the session's incarnation, set on the worker that
+            serves the request; the cookie and tokens of the reply carry it.
+        provisional: The router claimed the id for this request only because
+            the request named it (a cookie of an unclaimed id): the claim ends
+            with the request unless the handler used the session.
         json_body: The parsed JSON body when the router had to parse it.
         data: ``request.session``, set by the session cookie middleware.
     """
@@ -117,6 +132,10 @@ class RequestSession:
     claims_first: bool
     claims_on_use: bool
     cookie: dict[str, Any] | None = None
+    token: SessionToken | None = field(default=None, repr=False)
+    session_key: str | None = field(default=None, repr=False)
+    incarnation: str | None = field(default=None, repr=False)
+    provisional: bool = False
     json_body: Any = _NO_BODY
     data: SessionData | None = field(default=None, repr=False)
 
@@ -134,3 +153,18 @@ class RequestSession:
 def request_session(scope: Scope) -> RequestSession:
     """The `RequestSession` the router put in ``scope``."""
     return scope[REQUEST_SESSION_KEY]
+
+
+def claims_on_reply(routed: RequestSession, status: int) -> bool:
+    """Whether a reply with ``status`` makes the session its client's by use.
+
+    On servers whose sessions start on use, a handler that used the session
+    claims it (if the router had not) and the reply names it in a cookie: always
+    when the client named the id, and for a minted id only when the reply is no
+    error (else nobody could name it afterwards).
+    """
+    return (
+        routed.claims_on_use
+        and routed.used
+        and (routed.source is not IdSource.MINTED or status < 400)
+    )

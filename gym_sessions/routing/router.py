@@ -6,12 +6,14 @@ For each HTTP request `SessionRouter`:
    (`find_session_id`), minting a random one when the request names none;
 2. if another worker claims that id, forwards the request to it over its
    private socket and streams the reply back (410 if that worker is gone);
-3. otherwise serves it here. A session start (or a close naming an id) claims
-   the id before the handler runs; on a server whose sessions may start on
-   any request (resources servers, not agents), any other request claims it
-   when the reply starts, if the handler used the session and the client can
-   name the id afterwards (it came from the client, or the reply is no error).
-   If another worker claimed the id meanwhile, the reply is 409.
+3. otherwise serves it here, once the ownership rule (`SessionAccess`) has
+   admitted it. Every request that names an id is claimed before its handler
+   runs: a session start or a close naming an id always, and a cookie naming
+   an id nobody holds provisionally (the claim ends with the request unless
+   the handler used the session on a server whose sessions start on use). On
+   such a server (resources servers, not agents) a request with a minted id
+   claims it when the reply starts, if its handler used the session and the
+   reply is no error. If another worker claimed the id meanwhile, the reply is 409.
 
 A request that arrived over a private socket is always served here (over a
 private TCP listener, only with a valid forward signature: `ForwardSigner`). With one
@@ -43,11 +45,17 @@ from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
-from gym_sessions.routing.request_session import REQUEST_SESSION_KEY, RequestSession
+from gym_sessions.routing.request_session import (
+    REQUEST_SESSION_KEY,
+    RequestSession,
+    claims_on_reply,
+)
+from gym_sessions.routing.session_access import Incarnation, SessionAccess
 from gym_sessions.routing.session_ids import (
     IdSource,
     SessionIdSources,
     find_session_id,
+    find_session_key,
     read_credentials,
     route_path,
 )
@@ -137,6 +145,8 @@ class SessionRouter:
             to every reply this worker forwarded (for benchmarks and debugging).
         forward_signer: Set when private listeners are on TCP (Redis claims):
             a request arriving privately is served only with a valid signature.
+        trust_session_ids: A typed start or close naming a session by id alone
+            reaches it (see `SessionAccess`).
     """
 
     def __init__(
@@ -155,8 +165,10 @@ class SessionRouter:
         jsonrpc_paths: Collection[str] = (),
         debug_worker_header: bool = False,
         forward_signer: ForwardSigner | None = None,
+        trust_session_ids: bool = False,
     ) -> None:
         self.app = app
+        self.access = SessionAccess(credentials, trust_session_ids)
         self.sources = sources
         self.credentials = credentials
         self.claims = claims
@@ -207,15 +219,36 @@ class SessionRouter:
                     owner = None
                 else:
                     owner = await self.claims.owner(sid)
+                    if owner is None and routed.source is IdSource.COOKIE:
+                        owner = await self._claim_provisionally(routed)
                 if owner is not None and owner != self.claims.worker_id:
                     await self._forward(owner, scope, body, send)
                     return
-            elif routed.claims_first and await self.claims.claim(sid) is not None:
+            elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
         except HTTPError as error:
             await self._send_error(scope, send, error)
             return
         await self._serve_here(routed, scope, body, receive, send)
+
+    async def _claim_here(self, routed: RequestSession) -> str | None:
+        """With nobody to forward to: claim what the request names; the other claimant or None."""
+        if routed.claims_first:
+            return await self.claims.claim(routed.session_id)
+        if routed.source is IdSource.COOKIE and routed.session_id not in self.claims:
+            return await self._claim_provisionally(routed)
+        return None
+
+    async def _claim_provisionally(self, routed: RequestSession) -> str | None:
+        """Claim the unclaimed id a cookie names before its handler runs.
+
+        Then the ownership rule sees the id's incarnation before any handler
+        touches state under that id: a cookie of an ended incarnation can never
+        run a handler beside a new session that claims the id meanwhile.
+        """
+        other = await self.claims.claim(routed.session_id)
+        routed.provisional = other is None
+        return other
 
     async def _send_error(self, scope: Scope, send: Send, error: HTTPError) -> None:
         jsonrpc = route_path(scope["path"]) in self.jsonrpc_paths
@@ -223,7 +256,7 @@ class SessionRouter:
 
     def _find_session(self, scope: Scope, body: bytes) -> RequestSession:
         path = route_path(scope["path"])
-        cookie, token_sid = read_credentials(scope["headers"], self.credentials)
+        cookie, token = read_credentials(scope["headers"], self.credentials)
         json_body = None
         typed = scope["method"] == "POST" and path in self.sources.typed_paths
         if typed:
@@ -231,7 +264,8 @@ class SessionRouter:
                 json_body = strict_json.loads(body) if body.strip() else None
             except ValueError:
                 json_body = None  # the handler reports invalid JSON
-        found = find_session_id(self.sources, path, cookie, token_sid, json_body)
+        found = find_session_id(self.sources, path, cookie, token, json_body)
+        session_key = find_session_key(self.sources, path, json_body)
         if found is None:
             sid, source = uuid.uuid4().hex, IdSource.MINTED
         else:
@@ -239,7 +273,15 @@ class SessionRouter:
         claims_first = scope["method"] == "POST" and (
             path in self.start_paths or (path in self.close_paths and source is not IdSource.MINTED)
         )
-        routed = RequestSession(sid, source, claims_first, self.sources.claims_on_use, cookie)
+        routed = RequestSession(
+            sid,
+            source,
+            claims_first,
+            self.sources.claims_on_use,
+            cookie,
+            token=token,
+            session_key=session_key,
+        )
         if typed and json_body is not None:
             routed.json_body = json_body
         return routed
@@ -259,12 +301,19 @@ class SessionRouter:
         sid = routed.session_id
         claims = self.claims
         held = sid in claims
-        if held:
-            try:
+        try:
+            if held:
                 await claims.enter(sid)
-            except HTTPError as error:
-                await self._send_error(scope, send, error)
-                return
+                try:
+                    self.access.admit(routed, claims.incarnation(sid))
+                except HTTPError:
+                    await claims.leave(sid)
+                    raise
+            else:
+                self.access.admit(routed, None)
+        except HTTPError as error:
+            await self._send_error(scope, send, error)
+            return
         refused = False
         body_sent = False
 
@@ -282,21 +331,23 @@ class SessionRouter:
             if (
                 message["type"] == "http.response.start"
                 and not held
-                and routed.claims_on_use
-                and routed.used
+                and claims_on_reply(routed, message["status"])
             ):
-                client_names_id = routed.source is not IdSource.MINTED
-                if client_names_id or message["status"] < 400:
-                    try:
-                        if await claims.claim(sid) is not None:
-                            raise _claimed_elsewhere(sid)
-                        await claims.enter(sid)
-                    except HTTPError as error:
-                        refused = True
-                        claims.drop_unclaimed_state(sid)
-                        await self._send_error(scope, send, error)
-                        return
-                    held = True
+                # A minted id whose handler used it: its incarnation is the nonce
+                # the reply's cookie already carries.
+                incarnation = Incarnation(nonce=routed.incarnation or "", bound=True)
+                try:
+                    if await claims.claim(sid, incarnation) is not None:
+                        raise _claimed_elsewhere(sid)
+                    if claims.incarnation(sid) is not incarnation:
+                        raise _claimed_elsewhere(sid)
+                    await claims.enter(sid)
+                except HTTPError as error:
+                    refused = True
+                    claims.drop_unclaimed_state(sid)
+                    await self._send_error(scope, send, error)
+                    return
+                held = True
             if self.worker_header is not None and message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), self.worker_header]
             await send(message)
@@ -305,6 +356,8 @@ class SessionRouter:
             await self.app(scope, replay_body, send_claimed)
         finally:
             if held:
+                if routed.provisional and not (routed.claims_on_use and routed.used):
+                    claims.release_now(sid)  # claimed for this request only, and unused
                 await claims.leave(sid)
 
 

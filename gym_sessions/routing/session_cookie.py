@@ -5,9 +5,9 @@ middleware puts that id into ``request.session`` and decides whether the reply
 names the session in a ``Set-Cookie``: a session start does while this worker
 holds its claim (an agent seed that created nothing gives its claim up, so its
 reply names nothing); on servers whose sessions start on use, another request
-does when its handler used the session and the reply is not an error (the
-router claims it then); and a request whose handler changed the session data
-does.
+does when its handler used the session (`claims_on_reply`); and a request whose
+handler changed the session data does. A cookie that already names the
+session's current incarnation is not sent again.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_sessions.credentials import SessionCredentials
+from gym_sessions.credentials import INCARNATION_KEY, SessionCredentials
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.request_session import SessionData, request_session
+from gym_sessions.routing.request_session import SessionData, claims_on_reply, request_session
 from gym_sessions.routing.session_ids import IdSource
 
 __all__ = ["SessionCookieMiddleware"]
@@ -48,17 +48,22 @@ class SessionCookieMiddleware:
             return
         routed = request_session(scope)
         data = SessionData(routed.cookie or {})
-        # Set without marking the data used: naming the id is the router's doing.
+        # Set without marking the data used: naming the id (and the incarnation
+        # the router admitted the request to) is the router's doing.
         dict.__setitem__(data, self.cookie_key, routed.session_id)
+        dict.__setitem__(data, INCARNATION_KEY, routed.incarnation)
         scope["session"] = routed.data = data
-        already_named = routed.source is IdSource.COOKIE
+        already_named = (
+            routed.source is IdSource.COOKIE
+            and routed.cookie is not None
+            and routed.cookie.get(INCARNATION_KEY) == routed.incarnation
+        )
 
         async def send_with_cookie(message: Message) -> None:
             if message["type"] == "http.response.start":
-                ok = message["status"] < 400
-                announce = (routed.claims_first and self.claims.holds(routed.session_id)) or (
-                    routed.claims_on_use and data.accessed and ok
-                )
+                announce = (
+                    routed.claims_first and self.claims.holds(routed.session_id)
+                ) or claims_on_reply(routed, message["status"])
                 if data.modified or (announce and not already_named):
                     headers = MutableHeaders(scope=message)
                     headers.append(

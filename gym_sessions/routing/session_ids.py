@@ -1,7 +1,10 @@
-"""Where a request's session id comes from: the sources table of DESIGN 3.3.
+"""Where a request's session id comes from: the sources table (docs in README "State").
 
-`find_session_id` is the one place that decides which id a request names; the
-router calls it for every request, with one worker too.
+`find_session_id` is the one place that decides which id a request names, and
+`find_session_key` the one place that reads the ``session_key`` a typed body
+brings as proof; the router calls both for every request, with one worker too.
+Which of these credentials reaches a session is decided by
+`gym_sessions.routing.session_access`.
 """
 
 from __future__ import annotations
@@ -11,23 +14,34 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gym_sessions.credentials import SessionCredentials
-from gym_sessions.errors import InvalidSessionIdError, SessionConflictError
+from gym_sessions.credentials import SessionCredentials, SessionToken
+from gym_sessions.errors import (
+    ForbiddenError,
+    InvalidRequestError,
+    InvalidSessionIdError,
+    SessionConflictError,
+)
 
 __all__ = [
     "AGENT_SOURCES",
     "RESOURCES_SOURCES",
+    "SESSION_KEY_FIELD",
+    "SESSION_KEY_LENGTHS",
     "SESSION_TOKEN_HEADER",
     "FoundSessionId",
     "IdSource",
     "SessionIdSources",
     "find_session_id",
+    "find_session_key",
     "is_valid_session_id",
     "read_credentials",
     "route_path",
 ]
 
 SESSION_TOKEN_HEADER = "x-gym-session-token"
+#: Body field of typed starts and closes carrying the client's proof of ownership.
+SESSION_KEY_FIELD = "session_key"
+SESSION_KEY_LENGTHS = (16, 256)
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _ROLLOUT_PREFIX = re.compile(r"/rollouts/[^/]+(?=/)")
 
@@ -48,8 +62,10 @@ class SessionIdSources:
     Attributes:
         cookie_key: Key of the id in the session cookie's data.
         body_key: Key of the id in a typed request body.
-        typed_paths: Paths (rollout prefix removed) whose JSON body may carry the id.
-        accepts_token: Whether the MCP session token names a session here.
+        typed_paths: Paths (rollout prefix removed) whose JSON body may carry the id
+            (and a ``session_key``).
+        token_paths: Paths where the MCP session token names the session (the
+            token reaches MCP tool calls only).
         claims_on_use: Whether any request whose handler uses the session claims
             it (resources servers may create sessions on a tool call); agent
             sessions are created only by their seed.
@@ -58,7 +74,7 @@ class SessionIdSources:
     cookie_key: str
     body_key: str
     typed_paths: frozenset[str]
-    accepts_token: bool
+    token_paths: frozenset[str]
     claims_on_use: bool
 
 
@@ -66,14 +82,14 @@ RESOURCES_SOURCES = SessionIdSources(
     cookie_key="session_id",
     body_key="resources_session_id",
     typed_paths=frozenset({"/seed_session", "/reset", "/close_session"}),
-    accepts_token=True,
+    token_paths=frozenset({"/mcp"}),
     claims_on_use=True,
 )
 AGENT_SOURCES = SessionIdSources(
     cookie_key="agent_session_id",
     body_key="agent_session_id",
     typed_paths=frozenset({"/v1/agent_sessions", "/v1/agent_sessions/close"}),
-    accepts_token=False,
+    token_paths=frozenset(),
     claims_on_use=False,
 )
 
@@ -99,8 +115,8 @@ def route_path(path: str) -> str:
 
 def read_credentials(
     headers: list[tuple[bytes, bytes]], credentials: SessionCredentials
-) -> tuple[dict[str, Any] | None, str | None]:
-    """The verified cookie data and token session id of a request (``None`` when absent or bad)."""
+) -> tuple[dict[str, Any] | None, SessionToken | None]:
+    """The verified cookie data and session token of a request (``None`` when absent or bad)."""
     cookie_name = credentials.cookie_name
     cookie_value = token = None
     for name, value in headers:
@@ -112,36 +128,43 @@ def read_credentials(
         elif name == SESSION_TOKEN_HEADER.encode():
             token = value.decode("latin-1")
     cookie = credentials.decode_cookie(cookie_value) if cookie_value else None
-    token_sid = credentials.read_token(token) if token else None
-    return cookie, token_sid
+    return cookie, credentials.read_token(token) if token else None
 
 
 def find_session_id(
     sources: SessionIdSources,
     path: str,
     cookie: dict[str, Any] | None,
-    token_sid: str | None,
+    token: SessionToken | None,
     body: Any,
 ) -> FoundSessionId | None:
     """The session id a request names, or ``None`` if it names none.
 
-    Order: the cookie's id; else the token's id; a typed body id must agree with
-    whichever of those is present (409 ``session_conflict`` otherwise) and is the
-    id when neither is. A body id that is present but malformed is 400.
+    Order: the cookie's id; else, on a token path, the token's id; a typed body
+    id must agree with whichever of those is present (409 ``session_conflict``
+    otherwise) and is the id when neither is. A body id that is present but
+    malformed is 400; a token that is the only credential of a request
+    elsewhere is 403 (it reaches MCP tool calls only).
 
     Args:
         sources: The server kind's sources.
         path: Request path with the rollout prefix removed.
         cookie: Verified cookie data, or ``None``.
-        token_sid: Session id of a verified token, or ``None``.
+        token: A verified session token, or ``None``.
         body: Parsed JSON body of a typed path, or ``None``.
     """
     found: FoundSessionId | None = None
     cookie_sid = cookie.get(sources.cookie_key) if cookie else None
     if is_valid_session_id(cookie_sid):
         found = FoundSessionId(cookie_sid, IdSource.COOKIE)
-    elif sources.accepts_token and token_sid is not None and is_valid_session_id(token_sid):
-        found = FoundSessionId(token_sid, IdSource.TOKEN)
+    elif token is not None:
+        if path not in sources.token_paths:
+            raise ForbiddenError(
+                "the session token reaches only MCP tool calls (POST /mcp); other routes "
+                "need the session cookie"
+            )
+        if is_valid_session_id(token.session_id):
+            found = FoundSessionId(token.session_id, IdSource.TOKEN)
 
     if path in sources.typed_paths and isinstance(body, dict):
         body_sid = body.get(sources.body_key)
@@ -158,3 +181,22 @@ def find_session_id(
                 )
             found = found or FoundSessionId(body_sid, IdSource.BODY)
     return found
+
+
+def find_session_key(sources: SessionIdSources, path: str, body: Any) -> str | None:
+    """The ``session_key`` a typed body brings, or ``None``.
+
+    Raises:
+        InvalidRequestError: the key is present but not a string of 16-256 characters.
+    """
+    if path not in sources.typed_paths or not isinstance(body, dict):
+        return None
+    key = body.get(SESSION_KEY_FIELD)
+    if key is None:
+        return None
+    shortest, longest = SESSION_KEY_LENGTHS
+    if not isinstance(key, str) or not shortest <= len(key) <= longest:
+        raise InvalidRequestError(
+            f"{SESSION_KEY_FIELD} must be a string of {shortest}-{longest} characters"
+        )
+    return key

@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from gym_sessions.errors import EnvError, HTTPError, SessionClosedError, SessionConflictError
-from gym_sessions.routing.session_ids import AGENT_SOURCES, SessionIdSources
+from gym_sessions.routing.session_ids import AGENT_SOURCES, SESSION_KEY_FIELD, SessionIdSources
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.env_session import EnvSession
@@ -60,8 +60,19 @@ RUN_BODY = BodySchema(
     },
     allow_extra=True,
 )
-SEED_BODY = BodySchema({"agent_session_id": Field(("string",), required=True)}, allow_extra=True)
-CLOSE_BODY = BodySchema({"agent_session_id": Field(("string",), required=True)})
+SEED_BODY = BodySchema(
+    {
+        "agent_session_id": Field(("string",), required=True),
+        SESSION_KEY_FIELD: Field(("string", "null")),
+    },
+    allow_extra=True,
+)
+CLOSE_BODY = BodySchema(
+    {
+        "agent_session_id": Field(("string",), required=True),
+        SESSION_KEY_FIELD: Field(("string", "null")),
+    }
+)
 
 
 @dataclass
@@ -200,6 +211,7 @@ class AgentServer(SessionServer):
 
     async def _seed_route(self, request: Request) -> JSONResponse:
         body = SEED_BODY.validate(await read_json(request))
+        body.pop(SESSION_KEY_FIELD, None)  # a credential, not data for the seed hook
         sid = self.session_id(request)
         async with self._one_at_a_time(sid):
             return await self._seed(sid, body)

@@ -167,6 +167,7 @@ class WorkerApp:
             body_read_timeout_seconds=settings.body_read_timeout_seconds,
             debug_worker_header=settings.debug_worker_header,
             forward_signer=self.forward_signer,
+            trust_session_ids=settings.trust_session_ids,
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None

@@ -2,13 +2,16 @@
 
 It speaks the env server's HTTP routes over the agent's shared aiohttp pool,
 names the session with an id it picks (so a retried start cannot create a
-second session), carries the session cookie, and turns every failure into an
+second session) and proves it owns it with a random ``session_key`` (so its
+close reaches the session even when it never received the cookie), carries the
+session cookie, and turns every failure into an
 `HTTPError` whose message names the env server and the cause.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import uuid
 from typing import Any
 
@@ -33,6 +36,7 @@ class EnvSession:
         self.client = client
         self.url = url.rstrip("/")
         self.session_id = uuid.uuid4().hex
+        self.session_key = secrets.token_urlsafe(32)
         self.started = False
         self._cookie: str | None = None
 
@@ -73,9 +77,7 @@ class EnvSession:
     async def start(self, body: dict[str, Any]) -> dict[str, Any]:
         """Start the session (``/seed_session``) with this handle's id."""
         self.started = True
-        return await self.request(
-            "POST", "/seed_session", {**body, "resources_session_id": self.session_id}
-        )
+        return await self.request("POST", "/seed_session", {**body, **self._names()})
 
     async def step(self, action: Any) -> dict[str, Any]:
         """One ``/step``."""
@@ -87,7 +89,8 @@ class EnvSession:
         return await self.request("POST", "/verify", {}, headers)
 
     async def close(self) -> dict[str, Any]:
-        """``/close_session`` by body id: reaches the session's worker even without a cookie."""
-        return await self.request(
-            "POST", "/close_session", {"resources_session_id": self.session_id}
-        )
+        """``/close_session`` by body id and key: reaches the session even without a cookie."""
+        return await self.request("POST", "/close_session", self._names())
+
+    def _names(self) -> dict[str, str]:
+        return {"resources_session_id": self.session_id, "session_key": self.session_key}

@@ -6,8 +6,10 @@ tool call must run inside this request's handling, on the worker the router
 chose, with this request's session. The official MCP client is the test peer.
 
 Tool calls authenticate with the session token of a session start
-(``X-Gym-Session-Token``): no token or a bad one is refused (HTTP 401), and the
-call runs against the token's session. A tool's own failure (an action outside
+(``X-Gym-Session-Token``): no token, a bad one or one of an ended incarnation is
+refused (HTTP 401), and the call runs against the token's session. A token
+minted with a tool list (``mcp_tools`` in the start body) lists and calls only
+those tools; to its holder the others do not exist. A tool's own failure (an action outside
 the space, no open episode) is a result with ``isError``, so an agent can read
 it; a session-level failure is a JSON-RPC error.
 """
@@ -23,7 +25,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gym_sessions import strict_json
-from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     HTTPError,
     InvalidRequestError,
@@ -34,6 +35,7 @@ from gym_sessions.errors import (
     error_body,
     jsonrpc_error_body,
 )
+from gym_sessions.routing.request_session import request_session
 from gym_sessions.routing.session_ids import SESSION_TOKEN_HEADER
 from gym_sessions.server.tools import Tool
 
@@ -73,7 +75,6 @@ class McpEndpoint:
 
     Args:
         tools: The server's tools.
-        credentials: Verifies session tokens.
         session_of: The request's session id (reading it uses the session).
         name: Server name reported by ``initialize``.
     """
@@ -81,12 +82,10 @@ class McpEndpoint:
     def __init__(
         self,
         tools: list[Tool],
-        credentials: SessionCredentials,
         session_of: Callable[[Request], str],
         name: str,
     ) -> None:
         self._tools = {tool.name: tool for tool in tools}
-        self._credentials = credentials
         self._session_of = session_of
         self._name = name
 
@@ -122,7 +121,8 @@ class McpEndpoint:
         if method == "ping":
             return _result(request_id, {})
         if method == "tools/list":
-            return _result(request_id, {"tools": [t.describe() for t in self._tools.values()]})
+            tools = [t.describe() for t in self._tools.values() if self._may_use(request, t.name)]
+            return _result(request_id, {"tools": tools})
         if method == "tools/call":
             return await self._call(request, request_id, params)
         return _error(request_id, METHOD_NOT_FOUND, f"method not found: {method}")
@@ -141,7 +141,7 @@ class McpEndpoint:
     async def _call(self, request: Request, request_id: Any, params: dict[str, Any]) -> Response:
         name = params.get("name")
         tool = self._tools.get(name) if isinstance(name, str) else None
-        if tool is None:
+        if tool is None or not self._may_use(request, tool.name):
             return _error(request_id, INVALID_PARAMS, f"unknown tool: {name!r}")
         arguments = params.get("arguments")
         if arguments is None:
@@ -174,16 +174,23 @@ class McpEndpoint:
             },
         )
 
+    @staticmethod
+    def _may_use(request: Request, tool_name: str) -> bool:
+        token = request_session(request.scope).token
+        return token is None or token.tools is None or tool_name in token.tools
+
     def _check_token(self, request: Request) -> None:
-        token = request.headers.get(SESSION_TOKEN_HEADER)
-        if not token:
+        # The router verified the token and dropped it if it belongs to
+        # another incarnation; the header says whether one was sent at all.
+        token = request_session(request.scope).token
+        if token is None:
+            sent = request.headers.get(SESSION_TOKEN_HEADER)
             raise InvalidTokenError(
-                f"tool calls need the {SESSION_TOKEN_HEADER_NAME} header of a session start"
+                f"the {SESSION_TOKEN_HEADER_NAME} header is not a valid token of this session"
+                if sent
+                else f"tool calls need the {SESSION_TOKEN_HEADER_NAME} header of a session start"
             )
-        sid = self._credentials.read_token(token)
-        if sid is None:
-            raise InvalidTokenError(f"the {SESSION_TOKEN_HEADER_NAME} header is not a valid token")
-        if self._session_of(request) != sid:
+        if self._session_of(request) != token.session_id:
             raise SessionConflictError(
                 "the session cookie and the session token name different sessions"
             )

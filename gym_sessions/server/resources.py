@@ -22,7 +22,12 @@ from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import InvalidRequestError, SessionClosedError
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.request_session import request_session
-from gym_sessions.routing.session_ids import RESOURCES_SOURCES, IdSource, SessionIdSources
+from gym_sessions.routing.session_ids import (
+    RESOURCES_SOURCES,
+    SESSION_KEY_FIELD,
+    IdSource,
+    SessionIdSources,
+)
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
@@ -39,10 +44,21 @@ SEED_BODY = BodySchema(
         "resources_session_id": Field(("string", "null"), description="client-chosen session id"),
         "seed": Field(("integer", "null"), description="RNG seed, 0 <= seed < 2**64"),
         "options": Field(("object", "null"), description="reset options"),
+        SESSION_KEY_FIELD: Field(
+            ("string", "null"), description="the client's proof for later starts and closes"
+        ),
+        "mcp_tools": Field(
+            ("array", "null"), description="the tools this session's MCP token may list and call"
+        ),
     },
     allow_extra=True,
 )
-CLOSE_BODY = BodySchema({"resources_session_id": Field(("string", "null"))})
+CLOSE_BODY = BodySchema(
+    {
+        "resources_session_id": Field(("string", "null")),
+        SESSION_KEY_FIELD: Field(("string", "null")),
+    }
+)
 ANY_BODY = BodySchema(allow_extra=True)
 AGGREGATE_BODY = BodySchema({"verify_responses": Field(("array",), required=True)})
 
@@ -112,7 +128,7 @@ class ResourcesServer(SessionServer):
             Route("/aggregate_metrics", self._aggregate_route, methods=["POST"]),
             *self.extra_routes(),
             *(tool.route() for tool in tools),
-            McpEndpoint(tools, self.credentials, session_id, name=type(self).__name__).route(),
+            McpEndpoint(tools, session_id, name=type(self).__name__).route(),
         ]
 
     def _refusing_closed(self, handler: ToolHandler) -> ToolHandler:
@@ -127,6 +143,8 @@ class ResourcesServer(SessionServer):
     def _start_route(self, path: str) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def start(request: Request) -> JSONResponse:
             body = SEED_BODY.validate(await read_json(request))
+            body.pop(SESSION_KEY_FIELD, None)  # a credential, not task data for the hook
+            tools = self._mcp_tools(body.get("mcp_tools"))
             sid = session_id(request)
             if sid in self.closed:
                 raise SessionClosedError(f"session {sid!r} was closed; start a new session id")
@@ -135,18 +153,30 @@ class ResourcesServer(SessionServer):
                 self.release_session(sid)
                 raise SessionClosedError(f"session {sid!r} was closed while it started")
             self.claims.mark_open(sid)
+            incarnation = request_session(request.scope).incarnation
+            assert incarnation is not None  # the router admitted this start
+            token = self.credentials.mint_token(sid, incarnation, tools)
             return JSONResponse(
                 {
                     "resources_session_id": sid,
                     **reply,
-                    "mcp": {
-                        "url_path": MCP_PATH,
-                        "headers": {SESSION_TOKEN_HEADER_NAME: self.credentials.mint_token(sid)},
-                    },
+                    "mcp": {"url_path": MCP_PATH, "headers": {SESSION_TOKEN_HEADER_NAME: token}},
                 }
             )
 
         return start
+
+    def _mcp_tools(self, names: list[Any] | None) -> frozenset[str] | None:
+        """The start body's ``mcp_tools``: names of this server's tools, or ``None`` for all."""
+        if names is None:
+            return None
+        known = {tool.name for tool in self.tools()}
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise InvalidRequestError(
+                f"mcp_tools names unknown tools {unknown!r}; this server's tools: {sorted(known)}"
+            )
+        return frozenset(names)
 
     async def _verify_route(self, request: Request) -> JSONResponse:
         body = ANY_BODY.validate(await read_json(request))

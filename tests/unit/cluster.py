@@ -8,6 +8,7 @@ worker accepts each request (as uvicorn's shared socket would, at random).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 import uuid
@@ -41,6 +42,26 @@ async def wait_until(predicate: Any, within: float = 5.0) -> bool:
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def honest_key(session_id: str) -> str:
+    """The ``session_key`` the test client sends for ``session_id`` (one per id)."""
+    return hashlib.sha256(b"honest-key:" + session_id.encode()).hexdigest()
+
+
+def with_honest_key(body: Any) -> Any:
+    """``body`` with the honest key of the id it names, unless it brings a key of its own.
+
+    Real clients send a random key per session with every typed start and close;
+    tests of routing do the same, so they reach their sessions without cookies.
+    Tests of ownership pass ``session_key`` themselves (``None`` to send none).
+    """
+    if not isinstance(body, dict) or "session_key" in body:
+        if isinstance(body, dict) and body.get("session_key", "") is None:
+            return {k: v for k, v in body.items() if k != "session_key"}
+        return body
+    sid = body.get("resources_session_id", body.get("agent_session_id"))
+    return {**body, "session_key": honest_key(sid)} if isinstance(sid, str) else body
 
 
 def count_call(request_id: int) -> dict[str, Any]:
@@ -130,7 +151,7 @@ async def send(
     if raw is not None:
         kwargs["data"] = raw
     elif body is not None:
-        kwargs["json"] = body
+        kwargs["json"] = with_honest_key(body)
     async with client.request(method, "http://worker" + path, **kwargs) as response:
         data = await response.read()
         set_cookies = response.headers.getall("set-cookie", [])

@@ -46,25 +46,20 @@ async def test_typed_start_is_claimed_by_the_worker_that_served_it(cluster, star
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(
     "source",
-    ["cookie", "token", "mcp_token", "typed_seed", "typed_reset", "typed_close", "rollout_cookie"],
+    ["cookie", "mcp_token", "typed_seed", "typed_reset", "typed_close", "rollout_cookie"],
 )
 async def test_each_id_source_routes_to_the_claimant(cluster, source, transport):
     c = await cluster(3, forward_transport=transport)
     sid = new_id()
     start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     assert start.json["worker"] == c[0].id
+    token = start.json["mcp"]["headers"]["X-Gym-Session-Token"]
     for accepting in (c[1], c[2]):
         if source in ("cookie", "rollout_cookie"):
             path = "/touch" if source == "cookie" else "/rollouts/abc/touch"
-            reply = await accepting.request("POST", path, cookie=start.cookie)
-        elif source == "token":
-            token = c.credentials.mint_token(sid)
-            reply = await accepting.request(
-                "POST", "/touch", headers={"X-Gym-Session-Token": token}
-            )
+            reply = await accepting.request(path=path, method="POST", cookie=start.cookie)
         elif source == "mcp_token":
             call = count_call(1)
-            token = c.credentials.mint_token(sid)
             reply = await accepting.request(
                 "POST", "/mcp", call, headers={"X-Gym-Session-Token": token}
             )
@@ -99,11 +94,24 @@ async def test_state_is_never_split_across_workers(cluster, transport):
     assert sum(len(w.server.counts) for w in c.workers) == 1
 
 
+@pytest.mark.parametrize("path", ["/touch", "/seed_session", "/verify", "/close_session"])
+async def test_a_token_alone_reaches_no_route_but_mcp(cluster, path):
+    c = await cluster(2)
+    sid = new_id()
+    start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
+    token = start.json["mcp"]["headers"]["X-Gym-Session-Token"]
+    for worker in c.workers:
+        reply = await worker.request("POST", path, {}, headers={"X-Gym-Session-Token": token})
+        assert reply.status == 403 and reply.json["error"]["code"] == "forbidden"
+        assert not reply.set_cookies
+    assert c[0].server.counts[sid] == 0 and c[0].server.released == []
+
+
 async def test_bad_token_and_tampered_cookie_are_treated_as_absent(cluster):
     c = await cluster(2)
     sid = new_id()
     start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
-    forged = c.credentials.mint_token(sid)[:-2] + "xx"
+    forged = start.json["mcp"]["headers"]["X-Gym-Session-Token"][:-2] + "xx"
     other_key_cookie = start.cookie[:-3] + "abc"
     for kwargs in (
         {"headers": {"X-Gym-Session-Token": forged}},
@@ -185,22 +193,45 @@ async def test_cookie_whose_claim_ended_is_claimed_by_the_worker_that_uses_it(cl
     reply = await c[2].request("POST", "/touch", cookie=cookie)
     assert reply.json == {"worker": c[2].id, "sid": sid, "count": 1}
     assert c.claim_owner(sid) == c[2].id
-    again = await c[0].request("POST", "/touch", cookie=cookie)
+    # The reply names the new incarnation; the cookie of the earlier one reaches nothing.
+    assert reply.cookie != cookie
+    again = await c[0].request("POST", "/touch", cookie=reply.cookie)
     assert again.json["worker"] == c[2].id and again.json["count"] == 2
+    stale = await c[1].request("POST", "/touch", cookie=cookie)
+    assert stale.status == 409 and stale.json["error"]["code"] == "session_conflict"
+    assert c[2].server.counts[sid] == 2
+
+
+async def test_cookie_of_an_unclaimed_id_is_claimed_before_its_handler_runs(cluster):
+    c = await cluster(2)
+    sid = new_id()
+    seen = []
+    # The handler sees the claim already made: nobody can start the id under it.
+    c[1].server.before_touch = lambda touched: seen.append(c.claim_owner(touched))
+    reply = await c[1].request("POST", "/touch", cookie=c.cookie_for(sid))
+    assert reply.status == 200 and seen == [c[1].id]
+
+
+async def test_cookie_of_an_unclaimed_id_leaves_no_claim_when_unused(cluster):
+    c = await cluster(2)
+    sid = new_id()
+    reply = await c[1].request("GET", "/health", cookie=c.cookie_for(sid))
+    assert reply.status == 200 and reply.set_cookies == []
+    assert await wait_until(lambda: c.claim_owner(sid) is None)
 
 
 async def test_id_claimed_elsewhere_while_served_gets_409(cluster):
     c = await cluster(2)
-    sid = new_id()
-    cookie = c.cookie_for(sid)
-    # Another worker claims the same id while c[1]'s handler runs.
+    # Another worker claims the request's minted id while c[1]'s handler runs.
     rival = FileClaimStore(c.runtime_dir.claims_dir, c[0].id)
-    c[1].server.before_touch = rival.create_now
-    reply = await c[1].request("POST", "/touch", cookie=cookie)
+    minted = []
+    c[1].server.before_touch = lambda sid: (minted.append(sid), rival.create_now(sid))
+    reply = await c[1].request("POST", "/touch")
     assert reply.status == 409
     assert reply.json["error"]["code"] == "session_conflict"
     assert reply.set_cookies == []
     # The state the refused handler created is released, not left without a claim.
+    sid = minted[0]
     assert sid not in c[1].server.counts
     assert c[1].server.released == [sid]
 
@@ -286,12 +317,15 @@ async def test_request_over_a_private_socket_is_handled_where_it_arrives(cluster
     c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
     async with c.private_client(c[1]) as client:
-        reply = await send(client, "GET", "/nothing", cookie=start.cookie)
+        reply = await send(client, "GET", "/nothing")
         assert reply.json["worker"] == c[1].id
-        # A session tool call for c[0]'s session, sent privately to c[1]: c[1] serves
-        # it, cannot claim it (c[0] holds it), and refuses rather than split state.
-        refused = await send(client, "POST", "/touch", cookie=start.cookie)
-        assert refused.status == 409
+        # Requests for c[0]'s session, sent privately to c[1]: c[1] serves them, and
+        # a cookie's id is claimed before any handler runs; c[0] holds it, so c[1]
+        # refuses rather than run a handler beside the session's state.
+        for path in ("/nothing", "/touch"):
+            refused = await send(client, "POST", path, cookie=start.cookie)
+            assert refused.status == 409 and refused.json["error"]["code"] == "session_conflict"
+    assert c[0].server.counts[start.json["resources_session_id"]] == 0
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -340,11 +374,6 @@ async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
                 ("POST", "/verify", {"cookie": start.cookie}),
                 ("POST", "/close_session", {"body": {"resources_session_id": sid}}),
                 ("POST", "/seed_session", {"body": {"resources_session_id": sid}}),
-                (
-                    "POST",
-                    "/touch",
-                    {"headers": {"X-Gym-Session-Token": c.credentials.mint_token(sid)}},
-                ),
             ):
                 body = kwargs.pop("body", None)
                 reply = await accepting.request(method, route, body, **kwargs)
@@ -352,7 +381,7 @@ async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
                 assert reply.json["error"]["code"] == "session_gone"
             # Over MCP the same refusal is a JSON-RPC error object.
             call = count_call(3)
-            token = c.credentials.mint_token(sid)
+            token = start.json["mcp"]["headers"]["X-Gym-Session-Token"]
             reply = await accepting.request(
                 "POST", "/mcp", call, headers={"X-Gym-Session-Token": token}
             )
@@ -526,7 +555,8 @@ async def test_restarted_server_with_fresh_runtime_directory_serves_old_cookies(
     assert new.runtime_dir.path != old.runtime_dir.path
     reply = await new[1].request("POST", "/touch", cookie=start.cookie)
     assert reply.status == 200 and reply.json["worker"] == new[1].id
-    again = await new[0].request("POST", "/touch", cookie=start.cookie)
+    # A new incarnation of the id, named by the reply's cookie.
+    again = await new[0].request("POST", "/touch", cookie=reply.cookie)
     assert again.json["worker"] == new[1].id and again.json["count"] == 2
 
 
