@@ -159,12 +159,11 @@ def claims_on_reply(routed: RequestSession, status: int) -> bool:
     """Whether a reply with ``status`` makes the session its client's by use.
 
     On servers whose sessions start on use, a handler that used the session
-    claims it (if the router had not) and the reply names it in a cookie: always
-    when the client named the id, and for a minted id only when the reply is no
-    error (else nobody could name it afterwards).
+    claims it (if the router had not) and the reply names it in a cookie: for a
+    cookie's id always (the reply may name a new incarnation of it), for a
+    minted or body id only when the reply is no error, and never for a token's
+    id: a token holder must not gain the cookie, which reaches every route.
     """
-    return (
-        routed.claims_on_use
-        and routed.used
-        and (routed.source is not IdSource.MINTED or status < 400)
-    )
+    if not (routed.claims_on_use and routed.used) or routed.source is IdSource.TOKEN:
+        return False
+    return routed.source is IdSource.COOKIE or status < 400

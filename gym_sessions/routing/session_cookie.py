@@ -61,9 +61,11 @@ class SessionCookieMiddleware:
 
         async def send_with_cookie(message: Message) -> None:
             if message["type"] == "http.response.start":
+                status = message["status"]
+                # A refused or failed start names nothing: its owner has the key.
                 announce = (
-                    routed.claims_first and self.claims.holds(routed.session_id)
-                ) or claims_on_reply(routed, message["status"])
+                    routed.claims_first and status < 400 and self.claims.holds(routed.session_id)
+                ) or claims_on_reply(routed, status)
                 if data.modified or (announce and not already_named):
                     headers = MutableHeaders(scope=message)
                     headers.append(
