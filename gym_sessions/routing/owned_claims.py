@@ -123,9 +123,7 @@ class OwnedClaims:
         """The incarnation of a session this worker claims (see `session_access`)."""
         return self._claims[session_id].incarnation
 
-    async def claim(
-        self, session_id: str, incarnation: Incarnation | None = None
-    ) -> str | None:
+    async def claim(self, session_id: str, incarnation: Incarnation | None = None) -> str | None:
         """Claim ``session_id`` here; ``None`` on success, else the other claimant's id.
 
         Args:

@@ -126,7 +126,7 @@ async def test_a_cookie_reaches_its_session_even_with_a_wrong_key(cluster):
 
 async def test_a_closed_id_is_refused_without_proof_and_closed_with_it(cluster):
     c = await cluster()
-    sid, start = await _start(c)
+    sid, _ = await _start(c)
     await c[1].request("POST", "/close_session", {"resources_session_id": sid})
     _refused(
         await c[2].request("POST", "/reset", {"resources_session_id": sid, "session_key": None})
@@ -192,7 +192,7 @@ async def test_two_starts_of_a_new_id_with_different_keys_at_once_one_wins(clust
 
 async def test_trusted_session_ids_reach_sessions_by_id_alone(cluster):
     c = await cluster(trust_session_ids=True)
-    sid, start = await _start(c, session_key=None)
+    sid, _ = await _start(c, session_key=None)
     retried = await c[1].request(
         "POST", "/reset", {"resources_session_id": sid, "session_key": None}
     )
