@@ -62,9 +62,8 @@ def test_200_agent_session_sequences_stay_consistent(serve):
 
     async def sequence(client, index: int) -> bool:
         sid = f"agent-{index}"
-        async with client.post(
-            agent.url + "/v1/agent_sessions", json={"agent_session_id": sid}
-        ) as reply:
+        names = {"agent_session_id": sid, "session_key": f"key-of-{sid}-" + "k" * 16}
+        async with client.post(agent.url + "/v1/agent_sessions", json=names) as reply:
             cookie = reply.cookies["gym_session"].value
         headers = {"Cookie": f"gym_session={cookie}"}
         values = [index, 1, 2, 3]
@@ -73,9 +72,8 @@ def test_200_agent_session_sequences_stay_consistent(serve):
                 agent.url + "/remember", json={"value": value}, headers=headers
             ) as reply:
                 await reply.read()
-        async with client.post(
-            agent.url + "/v1/agent_sessions/close", json={"agent_session_id": sid}
-        ) as reply:
+        # Closed by id and key, without the cookie: reaches the seeding worker.
+        async with client.post(agent.url + "/v1/agent_sessions/close", json=names) as reply:
             receipt = await reply.json()
         return receipt == {
             "agent_session_id": sid,
@@ -117,7 +115,9 @@ def test_sigkilled_agent_worker_gives_exactly_its_agent_sessions_410(serve):
                 ) as reply:
                     first = reply.status
                 async with client.post(
-                    agent.url + "/v1/agent_sessions/close", json={"agent_session_id": sid}
+                    agent.url + "/v1/agent_sessions/close",
+                    json={"agent_session_id": sid},
+                    headers={"Cookie": f"gym_session={cookie}"},
                 ) as reply:
                     statuses[sid] = (first, reply.status)
             return owners, victim, statuses

@@ -84,10 +84,11 @@ async def test_missing_tampered_and_foreign_tokens_are_refused(serve):
 
 async def test_token_of_a_closed_session_is_refused(serve):
     server = serve(COUNTER)
-    start = await start_session(server.url, 5)
+    key = "the-owners-key-" + "k" * 20
+    start = await start_session(server.url, 5, session_key=key)
     token = start["mcp"]["headers"][TOKEN]
     async with client_session() as client:
-        body = {"resources_session_id": start["resources_session_id"]}
+        body = {"resources_session_id": start["resources_session_id"], "session_key": key}
         async with client.post(server.url + "/close_session", json=body) as reply:
             assert (await reply.json())["outcome"] == "closed"
     http, client = mcp_client(server.url, token)
