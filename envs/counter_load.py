@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ class Episode:
     reward: float | None = None
     statuses: list[int] = field(default_factory=list)
     error_codes: list[str] = field(default_factory=list)
+    #: Proof of ownership sent with every start and close, as real clients do.
+    session_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     @property
     def expected(self) -> int:
@@ -109,7 +112,8 @@ async def play(
             the id and the cookie carries it.
     """
     body: dict[str, Any] = {
-        "options": {"initial_count": episode.initial, "expected_count": episode.expected}
+        "options": {"initial_count": episode.initial, "expected_count": episode.expected},
+        "session_key": episode.session_key,
     }
     if typed:
         body["resources_session_id"] = episode.session_id
@@ -124,7 +128,7 @@ async def play(
     )
     if status == 200:
         episode.reward = data["reward"]
-    close_body = {"resources_session_id": episode.session_id}
+    close_body = {"resources_session_id": episode.session_id, "session_key": episode.session_key}
     await _post(client, url + "/close_session", episode, close_body, cookie)
     return episode
 
@@ -142,7 +146,7 @@ async def play_over_mcp(client: aiohttp.ClientSession, url: str, episode: Episod
 
     The reward is 1.0 when the count read over MCP is the expected one.
     """
-    body = {"options": {"initial_count": episode.initial}}
+    body = {"options": {"initial_count": episode.initial}, "session_key": episode.session_key}
     status, data, _ = await _post(client, url + "/reset", episode, body, None)
     if status != 200:
         return episode

@@ -114,15 +114,13 @@ async def run_episodes(agent_url: str, env_url: str, n: int, *, limit: int = 512
 
 async def failed_seeds(env_url: str, n: int) -> Row:
     async def one(client: aiohttp.ClientSession, episode: Episode) -> bool:
-        failing = uuid.uuid4().hex
-        body = {"resources_session_id": failing, "options": {"fail": True}}
+        failing = {"resources_session_id": uuid.uuid4().hex, "session_key": episode.session_key}
+        body = {**failing, "options": {"fail": True}}
         async with client.post(env_url + "/seed_session", json=body) as reply:
             data = await _json(reply)
             if reply.status != 500 or data["error"]["code"] != "env_error":
                 return False
-        async with client.post(
-            env_url + "/close_session", json={"resources_session_id": failing}
-        ) as reply:
+        async with client.post(env_url + "/close_session", json=failing) as reply:
             closed = await _json(reply)
         if closed.get("outcome") != "closed":
             return False
@@ -144,6 +142,7 @@ async def dropped_replies(env_url: str, n: int) -> Row:
     async def one(client: aiohttp.ClientSession, episode: Episode, fault: str) -> bool:
         body = {
             "resources_session_id": episode.session_id,
+            "session_key": episode.session_key,
             "options": {"initial_count": episode.initial, "expected_count": episode.expected},
         }
         try:
@@ -157,7 +156,7 @@ async def dropped_replies(env_url: str, n: int) -> Row:
             return False  # the fault should have broken this reply
         except (TimeoutError, aiohttp.ClientError):
             pass
-        await play(client, env_url, episode)  # the retry: same typed id, no cookie
+        await play(client, env_url, episode)  # the retry: same typed id and key, no cookie
         return episode.reward == 1.0 and all(s == 200 for s in episode.statuses)
 
     async def work() -> tuple[int, dict]:
@@ -176,11 +175,11 @@ async def dropped_replies(env_url: str, n: int) -> Row:
 
 async def close_before_seed(env_url: str, n: int) -> Row:
     async def one(client: aiohttp.ClientSession) -> bool:
-        sid = uuid.uuid4().hex
-        async with client.post(env_url + "/close_session", json={"resources_session_id": sid}) as r:
+        names = {"resources_session_id": uuid.uuid4().hex, "session_key": uuid.uuid4().hex}
+        async with client.post(env_url + "/close_session", json=names) as r:
             if (await _json(r)).get("outcome") != "closed":
                 return False
-        async with client.post(env_url + "/seed_session", json={"resources_session_id": sid}) as r:
+        async with client.post(env_url + "/seed_session", json=names) as r:
             data = await _json(r)
             return r.status == 409 and data["error"]["code"] == "session_closed"
 
@@ -235,9 +234,8 @@ async def mcp_sequences(env_url: str, n: int) -> Row:
         # These sequences never close: close them so no session is left behind.
         async with client_session() as client:
             for e in done:
-                async with client.post(
-                    env_url + "/close_session", json={"resources_session_id": e.session_id}
-                ) as reply:
+                names = {"resources_session_id": e.session_id, "session_key": e.session_key}
+                async with client.post(env_url + "/close_session", json=names) as reply:
                     await reply.read()
         return sum(e.reward == 1.0 for e in done), {}
 
@@ -297,6 +295,7 @@ async def killed_worker(server: ServerProcess, n: int) -> Row:
             async def start(e: Episode) -> None:
                 body = {
                     "resources_session_id": e.session_id,
+                    "session_key": e.session_key,
                     "options": {"initial_count": e.initial, "expected_count": e.expected},
                 }
                 async with client.post(server.url + "/reset", json=body) as reply:
@@ -319,9 +318,8 @@ async def killed_worker(server: ServerProcess, n: int) -> Row:
                     e.statuses.append(reply.status)
                     if reply.status == 200:
                         e.reward = (await _json(reply))["reward"]
-                async with client.post(
-                    server.url + "/close_session", json={"resources_session_id": e.session_id}
-                ) as reply:
+                names = {"resources_session_id": e.session_id, "session_key": e.session_key}
+                async with client.post(server.url + "/close_session", json=names) as reply:
                     e.statuses.append(reply.status)
 
             await asyncio.gather(*[finish(e) for e in episodes])
