@@ -16,6 +16,7 @@
           ├── SessionConflictError      409 session_conflict
           │    └── SessionClosedError   409 session_closed
           ├── SessionGoneError          410 session_gone
+          │    └── SessionExpiredError  410 session_expired
           ├── RequestTimeoutError       408 request_timeout
           ├── BodyTooLargeError         413 body_too_large
           ├── HeadersTooLargeError      431 headers_too_large
@@ -59,10 +60,12 @@ __all__ = [
     "ServerUnreachableError",
     "SessionClosedError",
     "SessionConflictError",
+    "SessionExpiredError",
     "SessionGoneError",
     "StartupError",
     "error_body",
     "error_from_body",
+    "error_headers",
     "jsonrpc_error_body",
 ]
 
@@ -108,6 +111,8 @@ class HTTPError(GymSessionsError):
 
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal_error"
+    #: Seconds a client should wait before trying again (a ``Retry-After`` header), if any.
+    retry_after: ClassVar[int | None] = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -158,6 +163,12 @@ class SessionGoneError(HTTPError):
     status, code = 410, "session_gone"
 
 
+class SessionExpiredError(SessionGoneError):
+    """The session had no request for the server's idle timeout and was closed."""
+
+    status, code = 410, "session_expired"
+
+
 class RequestTimeoutError(HTTPError):
     status, code = 408, "request_timeout"
 
@@ -183,9 +194,10 @@ class BadGatewayError(HTTPError):
 
 
 class CapacityReachedError(HTTPError):
-    """The worker holds as many of a bounded resource as it may (try again later)."""
+    """Every worker holds as many of a bounded resource as it may (try again later)."""
 
     status, code = 503, "capacity_reached"
+    retry_after = 5
 
 
 class ClaimsUnavailableError(HTTPError):
@@ -207,6 +219,13 @@ _BY_CODE: dict[str, type[HTTPError]] = {cls.code: cls for cls in _all_http_error
 _BY_STATUS: dict[int, type[HTTPError]] = {
     cls.status: cls for cls in _all_http_errors(HTTPError) if cls.__base__ is HTTPError
 }
+
+
+def error_headers(error: HTTPError) -> list[tuple[bytes, bytes]]:
+    """Headers an error reply carries beside its JSON body (``Retry-After``)."""
+    if error.retry_after is None:
+        return []
+    return [(b"retry-after", str(error.retry_after).encode())]
 
 
 def error_body(error: HTTPError) -> bytes:

@@ -48,8 +48,11 @@ class Settings:
         secret: Signs session cookies and MCP tokens (and, with Redis claims,
             requests forwarded between hosts). Unset: ``$GYM_SESSIONS_SECRET``,
             else random per server start (the supervisor hands that one value
-            to every worker). With Redis claims every host must share one
-            secret, so an unset secret is refused.
+            to every worker, never through their environment or command
+            line). With Redis claims every host must share one secret, so an
+            unset secret is refused. ``gym-sessions serve`` takes it from
+            ``--secret-file`` or ``$GYM_SESSIONS_SECRET`` (see
+            `gym_sessions.secret_source`).
         session_cookie: Name of the signed session cookie.
         session_close_retry_window_seconds: How long a session that is no longer
             open keeps its claim, and how long a closed id is remembered.
@@ -74,6 +77,12 @@ class Settings:
             reference hop over Unix sockets, kept for comparison; file claims only).
         debug_worker_header: Add ``x-gym-worker: <id>`` to replies, naming the
             worker that ran the handler (off by default; for benchmarks and debugging).
+        max_sessions: Live sessions each worker may hold (0: no limit). A start
+            that lands on a full worker is placed on a worker with room; 503
+            ``capacity_reached`` only when every worker is full.
+        session_idle_timeout: Seconds an open session may go without a request
+            before the server closes it (0: never); its next request gets 410
+            ``session_expired``.
         trust_session_ids: Let a typed start or close that names a session by
             id alone reach it, without the session's cookie or ``session_key``
             (off by default: only for deployments where every client is trusted).
@@ -98,6 +107,8 @@ class Settings:
     timeout_keep_alive: float = 120.0
     forward_transport: str = "http"
     debug_worker_header: bool = False
+    max_sessions: int = 0
+    session_idle_timeout: float = 3600.0
     trust_session_ids: bool = False
     unsandboxed: bool = False
     runtime_dir: str | None = None
@@ -109,6 +120,10 @@ class Settings:
             object.__setattr__(self, "secret", self._default_secret())
         if self.session_close_retry_window_seconds <= 0:
             raise ValueError("session_close_retry_window_seconds must be positive")
+        if self.max_sessions < 0:
+            raise ValueError("max_sessions must be 0 (no limit) or positive")
+        if self.session_idle_timeout < 0:
+            raise ValueError("session_idle_timeout must be 0 (never) or positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be positive")
         if self.forward_transport not in FORWARD_TRANSPORTS:
@@ -139,7 +154,7 @@ class Settings:
         if self.redis_claims:
             raise ValueError(
                 "with Redis claims every host must sign cookies and tokens with one secret: "
-                f"pass --secret or set {SECRET_ENV} (the same value on every host)"
+                f"pass --secret-file PATH or set {SECRET_ENV} (the same value on every host)"
             )
         # Never a fixed default: random per server start.
         return secrets.token_urlsafe(32)

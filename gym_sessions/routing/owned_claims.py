@@ -27,7 +27,7 @@ from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError
 from gym_sessions.routing.claim_store import ClaimStore
 from gym_sessions.routing.session_access import Incarnation
 
-__all__ = ["EXPIRY_MARGIN_SECONDS", "OwnedClaims"]
+__all__ = ["EXPIRY_MARGIN_SECONDS", "OwnedClaims", "RoomReservation"]
 
 logger = logging.getLogger("gym_sessions.routing")
 
@@ -43,6 +43,9 @@ class _Claim:
     # claim ended starts a new incarnation that no earlier credential reaches.
     incarnation: Incarnation = field(default_factory=Incarnation)
     open: bool = False
+    # A live session (not a record kept open, like an agent's close receipt):
+    # it counts toward the worker's capacity and idles out.
+    live: bool = False
     in_flight: int = 0
     release_when_idle: bool = False
     # Store side (stores with expiry only): whether the store was told to let
@@ -53,6 +56,19 @@ class _Claim:
 
     def should_expire(self) -> bool:
         return not self.open and self.in_flight == 0
+
+
+@dataclass(eq=False)
+class RoomReservation:
+    """Room one session start took on this worker, until its session opens or the start ends.
+
+    Attributes:
+        session_id: The session being started.
+        active: Still holds room (an inactive one holds none: not needed, or handed over).
+    """
+
+    session_id: str
+    active: bool = True
 
 
 def _always() -> bool:
@@ -70,6 +86,10 @@ class OwnedClaims:
         standing: Whether this worker may still serve its claims from memory.
             With Redis claims it turns false once the store has been out of
             reach so long that others may have taken them over.
+        max_sessions: Live sessions this worker may hold (0: no limit); session
+            starts beyond it find no room here (`reserve_room`).
+        idle_timeout: Seconds a live session may go without a request before
+            the idle hooks end it (0: never).
     """
 
     def __init__(
@@ -79,8 +99,17 @@ class OwnedClaims:
         window: float,
         clock: Callable[[], float] = time.monotonic,
         standing: Callable[[], bool] | None = None,
+        max_sessions: int = 0,
+        idle_timeout: float = 0.0,
     ) -> None:
         self.store = store
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout
+        self._live = 0
+        # Room taken by starts in flight, until their session opens or they end.
+        self._reservations: dict[str, list[RoomReservation]] = {}
+        self._reserved = 0
+        self._idle_hooks: list[Callable[[str], None]] = []
         self.standing = standing or _always
         self.worker_id = worker_id
         self.window = window
@@ -102,6 +131,43 @@ class OwnedClaims:
     def on_release(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(session_id)`` whenever a claim of this worker ends."""
         self._release_hooks.append(hook)
+
+    def on_idle(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook(session_id)`` when a live session idled out; it must end the session."""
+        self._idle_hooks.append(hook)
+
+    @property
+    def live_sessions(self) -> int:
+        """Live sessions this worker holds (see `mark_open`)."""
+        return self._live
+
+    def reserve_room(self, session_id: str) -> RoomReservation | None:
+        """Take room for a start of ``session_id``; ``None`` if this worker is full.
+
+        Without a limit, or for a restart of a live session here, no room is
+        needed (the reservation is inactive). The room passes to the session
+        when `mark_open` makes it live; `give_back_room` returns it otherwise.
+        """
+        claim = self._claims.get(session_id)
+        if self.max_sessions <= 0 or (claim is not None and claim.live):
+            return RoomReservation(session_id, active=False)
+        if self._live + self._reserved >= self.max_sessions:
+            return None
+        reservation = RoomReservation(session_id)
+        self._reservations.setdefault(session_id, []).append(reservation)
+        self._reserved += 1
+        return reservation
+
+    def give_back_room(self, reservation: RoomReservation) -> None:
+        """The start that took ``reservation`` is over: its room is free again (if still held)."""
+        if not reservation.active:
+            return
+        reservation.active = False
+        self._reserved -= 1
+        held = self._reservations[reservation.session_id]
+        held.remove(reservation)
+        if not held:
+            del self._reservations[reservation.session_id]
 
     def holds(self, session_id: str) -> bool:
         """Whether this worker holds the claim and means to keep it past this request."""
@@ -201,12 +267,25 @@ class OwnedClaims:
         elif self.store.expires and claim.should_expire() != claim.expiring:
             await self._sync_store(session_id, claim)
 
-    def mark_open(self, session_id: str) -> None:
-        """The session started successfully: its claim lasts until it stops being open."""
+    def mark_open(self, session_id: str, *, live: bool = True) -> None:
+        """The session started successfully: its claim lasts until it stops being open.
+
+        Args:
+            session_id: The session.
+            live: A live session (counts toward `max_sessions`, idles out);
+                ``False`` keeps the claim for a record only (an agent's receipt).
+        """
         claim = self._claims.get(session_id)
         if claim is not None:
             claim.open = True
             claim.release_when_idle = False
+            if live and not claim.live:
+                claim.live = True
+                self._live += 1
+                held = self._reservations.get(session_id)
+                if held:
+                    # The room its start reserved is the live session's own now.
+                    self.give_back_room(held[0])
             self._sync_later(session_id, claim)
 
     def mark_not_open(self, session_id: str) -> None:
@@ -214,8 +293,14 @@ class OwnedClaims:
         claim = self._claims.get(session_id)
         if claim is not None:
             claim.open = False
+            self._not_live(claim)
             claim.idle_since = self._clock()
             self._sync_later(session_id, claim)
+
+    def _not_live(self, claim: _Claim) -> None:
+        if claim.live:
+            claim.live = False
+            self._live -= 1
 
     def drop_unclaimed_state(self, session_id: str) -> None:
         """Run the release hooks for a session this worker served but could not claim.
@@ -239,6 +324,7 @@ class OwnedClaims:
             self._release(session_id)
         else:
             claim.open = False
+            self._not_live(claim)
             claim.release_when_idle = True
 
     def sweep(self) -> list[str]:
@@ -246,7 +332,10 @@ class OwnedClaims:
 
         Also retries store work that failed while the store was unreachable.
         """
-        deadline = self._clock() - self.window
+        now = self._clock()
+        if self.idle_timeout > 0:
+            self._end_idle_sessions(now - self.idle_timeout)
+        deadline = now - self.window
         expired = [
             sid
             for sid, claim in self._claims.items()
@@ -263,10 +352,28 @@ class OwnedClaims:
                     self._sync_later(sid, claim)
         return expired
 
+    def _end_idle_sessions(self, deadline: float) -> None:
+        idle = [
+            sid
+            for sid, claim in self._claims.items()
+            if claim.live and claim.in_flight == 0 and claim.idle_since <= deadline
+        ]
+        for sid in idle:
+            for hook in self._idle_hooks:
+                try:
+                    hook(sid)
+                except Exception:
+                    logger.exception("ending idle session %r failed", sid)
+            self.mark_not_open(sid)  # whatever the hooks did, it no longer counts as live
+
     def _release(self, session_id: str) -> None:
-        del self._claims[session_id]
+        self._forget(session_id)
         self._start_removal(session_id)
         self._run_release_hooks(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        """Drop the claim from memory (its store key is another matter)."""
+        self._not_live(self._claims.pop(session_id))
 
     def _start_removal(self, session_id: str) -> None:
         self._unremoved.discard(session_id)
@@ -317,7 +424,7 @@ class OwnedClaims:
                         kept = await self.store.hold(session_id)
                     if not kept:
                         logger.error("the claim of session %r expired and was taken", session_id)
-                        del self._claims[session_id]
+                        self._forget(session_id)
                         self._run_release_hooks(session_id)
                         return
                     claim.expiring = expire
@@ -348,7 +455,7 @@ class OwnedClaims:
                 return
             if other is not None and other != self.worker_id:
                 lost += 1
-                del self._claims[sid]
+                self._forget(sid)
                 self._run_release_hooks(sid)
                 return
             # What the store holds is unknown (a fresh key, or one a reader gave

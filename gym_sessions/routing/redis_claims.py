@@ -271,6 +271,10 @@ async def _call(operation: Awaitable[_T]) -> _T:
         raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
 
 
+async def _scan_all(client: Any, pattern: str) -> list[str]:
+    return [key async for key in client.scan_iter(match=pattern, count=500)]
+
+
 class WorkerRegistry:
     """Worker addresses in Redis: this worker's registration and a cache of the others'.
 
@@ -321,6 +325,16 @@ class WorkerRegistry:
     def registered_within(self, seconds: float) -> bool:
         """Whether this worker's registration was written in the last ``seconds``."""
         return self._clock() - self.last_registered < seconds
+
+    async def worker_ids(self) -> list[str]:
+        """Ids of every registered worker, on every host.
+
+        Raises:
+            ClaimsUnavailableError: Redis cannot be reached.
+        """
+        pattern = self.key_prefix + "*"
+        keys = await _call(_scan_all(self.client, pattern))
+        return [key[len(self.key_prefix) :] for key in keys]
 
     async def register(self, host: str, port: int) -> None:
         """Register this worker's private address at start-up."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Scope
+
+if TYPE_CHECKING:
+    from gym_sessions.routing.owned_claims import RoomReservation
 
 from gym_sessions.credentials import SessionToken
 from gym_sessions.routing.session_ids import IdSource
@@ -123,6 +126,9 @@ class RequestSession:
         provisional: The router claimed the id for this request only because
             the request named it (a cookie of an unclaimed id): the claim ends
             with the request unless the handler used the session.
+        starts: A session start (room is needed for it under ``--max-sessions``).
+        room: The room a start reserved on this worker, given back when the
+            request ends (unless its session went live and kept it).
         json_body: The parsed JSON body when the router had to parse it.
         data: ``request.session``, set by the session cookie middleware.
     """
@@ -136,6 +142,8 @@ class RequestSession:
     session_key: str | None = field(default=None, repr=False)
     incarnation: str | None = field(default=None, repr=False)
     provisional: bool = False
+    starts: bool = False
+    room: RoomReservation | None = field(default=None, repr=False)
     json_body: Any = _NO_BODY
     data: SessionData | None = field(default=None, repr=False)
 

@@ -24,8 +24,9 @@ nothing, so ids, cookies, conflicts and lifetimes behave the same.
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,12 +34,15 @@ from gym_sessions import strict_json
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     BodyTooLargeError,
+    CapacityReachedError,
     ForbiddenError,
     HeadersTooLargeError,
     HTTPError,
     RequestTimeoutError,
     SessionConflictError,
+    SessionGoneError,
     error_body,
+    error_headers,
     jsonrpc_error_body,
 )
 from gym_sessions.routing.forward_signature import ForwardSigner
@@ -60,10 +64,12 @@ from gym_sessions.routing.session_ids import (
     route_path,
 )
 
-__all__ = ["FORWARDED_BY_HEADER", "WORKER_HEADER", "SessionRouter", "send_error"]
+__all__ = ["FORWARDED_BY_HEADER", "NO_ROOM_HEADER", "WORKER_HEADER", "SessionRouter", "send_error"]
 
 WORKER_HEADER = b"x-gym-worker"
 FORWARDED_BY_HEADER = b"x-gym-forwarded-by"
+#: On a private hop's 503: this worker is full, ask another (never reaches a client).
+NO_ROOM_HEADER = b"x-gym-no-room"
 
 
 class _ClientDisconnected(Exception):
@@ -83,6 +89,7 @@ async def send_error(send: Send, error: HTTPError, *, jsonrpc: bool = False) -> 
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
+        *error_headers(error),
     ]
     if isinstance(error, _UNREAD_BODY_ERRORS):
         headers.append((b"connection", b"close"))
@@ -147,6 +154,8 @@ class SessionRouter:
             a request arriving privately is served only with a valid signature.
         trust_session_ids: A typed start or close naming a session by id alone
             reaches it (see `SessionAccess`).
+        worker_ids: Lists every worker a full worker may hand a session start
+            to (``--max-sessions``).
     """
 
     def __init__(
@@ -166,8 +175,10 @@ class SessionRouter:
         debug_worker_header: bool = False,
         forward_signer: ForwardSigner | None = None,
         trust_session_ids: bool = False,
+        worker_ids: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
         self.app = app
+        self.worker_ids = worker_ids or _no_workers
         self.access = SessionAccess(credentials, trust_session_ids)
         self.sources = sources
         self.credentials = credentials
@@ -207,10 +218,28 @@ class SessionRouter:
             await self._send_error(scope, send, error)
             return
         scope[REQUEST_SESSION_KEY] = routed
+        try:
+            await self._route(routed, private, scope, body, receive, send)
+        finally:
+            if routed.room is not None:
+                self.claims.give_back_room(routed.room)
+
+    async def _route(
+        self,
+        routed: RequestSession,
+        private: bool,
+        scope: Scope,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+    ) -> None:
         sid = routed.session_id
         try:
             if not private and self.forwarder is not None:
                 if routed.claims_first:
+                    if routed.starts and not self._take_room(routed):
+                        await self._start_elsewhere(routed, scope, body, send)
+                        return
                     # One store call: claiming answers who holds the id if not us.
                     owner = await self.claims.claim(sid)
                 elif routed.source is IdSource.MINTED:
@@ -227,13 +256,71 @@ class SessionRouter:
             elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
         except HTTPError as error:
+            if private and isinstance(error, CapacityReachedError):
+                send = _with_header(send, (NO_ROOM_HEADER, b"1"))
             await self._send_error(scope, send, error)
             return
         await self._serve_here(routed, scope, body, receive, send)
 
+    def _take_room(self, routed: RequestSession) -> bool:
+        """Reserve room for a session start here (`OwnedClaims.reserve_room`); False if full."""
+        routed.room = self.claims.reserve_room(routed.session_id)
+        return routed.room is not None
+
+    async def _start_elsewhere(
+        self, routed: RequestSession, scope: Scope, body: bytes, send: Send
+    ) -> None:
+        """This worker is full: hand the start to the session's holder or a worker with room.
+
+        Each other worker is asked in turn (random order, so full workers do
+        not all hand to the same one); one that is full too answers with
+        `NO_ROOM_HEADER`, which never reaches the client. 503 only when every
+        worker is full.
+        """
+        sid = routed.session_id
+        if routed.source is not IdSource.MINTED:
+            owner = await self.claims.owner(sid)
+            if owner == self.claims.worker_id:
+                raise _no_room()  # our own claim (not live): its start needs room here
+            if owner is not None:
+                await self._forward(owner, scope, body, send)
+                return
+        candidates = [w for w in await self.worker_ids() if w != self.claims.worker_id]
+        random.shuffle(candidates)
+        for candidate in candidates:
+            if await self._offer_start(candidate, scope, body, send):
+                return
+        raise _no_room()
+
+    async def _offer_start(self, worker_id: str, scope: Scope, body: bytes, send: Send) -> bool:
+        """Forward a start to ``worker_id``; False if it had no room (nothing was sent)."""
+        assert self.forwarder is not None
+        refused = False
+
+        async def send_unless_refused(message: Message) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start" and any(
+                name == NO_ROOM_HEADER for name, _ in message.get("headers", [])
+            ):
+                refused = True
+            if not refused:
+                await send(message)
+
+        try:
+            await self.forwarder.forward(worker_id, scope, body, send_unless_refused)
+        except SessionGoneError:
+            return False  # a worker that exited has no room either
+        return not refused
+
     async def _claim_here(self, routed: RequestSession) -> str | None:
-        """With nobody to forward to: claim what the request names; the other claimant or None."""
+        """With nobody to forward to: claim what the request names; the other claimant or None.
+
+        Raises:
+            CapacityReachedError: a session start and this worker is full.
+        """
         if routed.claims_first:
+            if routed.starts and not self._take_room(routed):
+                raise _no_room()
             return await self.claims.claim(routed.session_id)
         if routed.source is IdSource.COOKIE and routed.session_id not in self.claims:
             return await self._claim_provisionally(routed)
@@ -270,8 +357,9 @@ class SessionRouter:
             sid, source = uuid.uuid4().hex, IdSource.MINTED
         else:
             sid, source = found.session_id, found.source
-        claims_first = scope["method"] == "POST" and (
-            path in self.start_paths or (path in self.close_paths and source is not IdSource.MINTED)
+        starts = scope["method"] == "POST" and path in self.start_paths
+        claims_first = starts or (
+            scope["method"] == "POST" and path in self.close_paths and source is not IdSource.MINTED
         )
         routed = RequestSession(
             sid,
@@ -281,6 +369,7 @@ class SessionRouter:
             cookie,
             token=token,
             session_key=session_key,
+            starts=starts,
         )
         if typed and json_body is not None:
             routed.json_body = json_body
@@ -368,6 +457,17 @@ def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
         await send(message)
 
     return send_with_header
+
+
+async def _no_workers() -> list[str]:
+    return []
+
+
+def _no_room() -> CapacityReachedError:
+    return CapacityReachedError(
+        "every worker holds as many live sessions as --max-sessions allows; close a session "
+        "or try again later"
+    )
 
 
 def _claimed_elsewhere(session_id: str) -> SessionConflictError:

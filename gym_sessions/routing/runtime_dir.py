@@ -59,6 +59,14 @@ class RuntimeDirectory:
         """The private socket of ``worker_id``."""
         return os.path.join(self.workers_dir, f"{worker_id}.sock")
 
+    def worker_ids(self) -> list[str]:
+        """Ids of the workers whose private sockets exist (a killed worker's may linger)."""
+        try:
+            names = os.listdir(self.workers_dir)
+        except FileNotFoundError:
+            return []
+        return [name[: -len(".sock")] for name in names if name.endswith(".sock")]
+
     def claim_count(self) -> int:
         """How many claims exist (for tests and diagnostics)."""
         return sum(1 for name in os.listdir(self.claims_dir) if not name.startswith("."))

@@ -40,12 +40,19 @@ class WorkerEndpoints(Protocol):
     async def reachable(self, worker_id: str) -> bool:
         """Whether ``worker_id`` accepts connections."""
 
+    async def worker_ids(self) -> list[str]:
+        """Every worker that may be reached (some may turn out gone)."""
+
 
 class UnixEndpoints:
     """Private Unix sockets in the server's runtime directory."""
 
     def __init__(self, runtime_dir: RuntimeDirectory) -> None:
+        self.runtime_dir = runtime_dir
         self.socket_path = runtime_dir.socket_path
+
+    async def worker_ids(self) -> list[str]:
+        return self.runtime_dir.worker_ids()
 
     async def open(self, worker_id: str) -> Streams:
         return await asyncio.open_unix_connection(self.socket_path(worker_id), limit=_READ_LIMIT)
@@ -59,6 +66,9 @@ class TcpEndpoints:
 
     def __init__(self, registry: WorkerRegistry) -> None:
         self.registry = registry
+
+    async def worker_ids(self) -> list[str]:
+        return await self.registry.worker_ids()
 
     async def open(self, worker_id: str) -> Streams:
         address = await self.registry.lookup(worker_id)

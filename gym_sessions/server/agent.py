@@ -36,12 +36,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from gym_sessions.errors import EnvError, HTTPError, SessionClosedError, SessionConflictError
+from gym_sessions.credentials import SessionCredentials
+from gym_sessions.errors import (
+    EnvError,
+    HTTPError,
+    SessionClosedError,
+    SessionConflictError,
+    SessionExpiredError,
+)
+from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.session_ids import AGENT_SOURCES, SESSION_KEY_FIELD, SessionIdSources
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.env_session import EnvSession
 from gym_sessions.server.policies import Policy, StopEpisode, act
+from gym_sessions.settings import Settings
 
 __all__ = ["AGENT_CLOSE_PATH", "AGENT_SEED_PATH", "AgentServer"]
 
@@ -94,6 +103,7 @@ class AgentServer(SessionServer):
         self._http: aiohttp.ClientSession | None = None
         self._spaces: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._expiring: set[asyncio.Future[None]] = set()
 
     @property
     def start_paths(self) -> tuple[str, ...]:
@@ -133,8 +143,22 @@ class AgentServer(SessionServer):
         return []
 
     def agent_state(self, request: Request) -> Any:
-        """The state of the request's agent session, or ``None``."""
-        return self.agent_sessions.get(self.session_id(request))
+        """The state of the request's agent session, or ``None``.
+
+        Raises:
+            SessionExpiredError: the session idled out and the server closed it.
+        """
+        sid = self.session_id(request)
+        self._refuse_if_expired(sid)
+        return self.agent_sessions.get(sid)
+
+    def _refuse_if_expired(self, sid: str) -> None:
+        receipt = self._receipts.get(sid)
+        if receipt is not None and receipt[0]["outcome"] == "expired":
+            raise SessionExpiredError(
+                f"agent session {sid!r} had no request for "
+                f"{self.settings.session_idle_timeout:g} s and was closed"
+            )
 
     # Routes ------------------------------------------------------------------------------
 
@@ -218,6 +242,7 @@ class AgentServer(SessionServer):
 
     async def _seed(self, sid: str, body: dict[str, Any]) -> JSONResponse:
         if sid in self._receipts:
+            self._refuse_if_expired(sid)
             raise SessionClosedError(f"agent session {sid!r} was closed")
         if sid in self.agent_sessions:
             return JSONResponse({"agent_session_id": sid, "created": False})
@@ -248,7 +273,7 @@ class AgentServer(SessionServer):
         except Exception:
             logger.warning("rolling back agent session %r failed; kept for its close", sid)
             self._failed[sid] = _FailedSeed(state, time.monotonic() + self.window)
-            self.claims.mark_open(sid)  # the caller's close must reach this worker
+            self.claims.mark_open(sid, live=False)  # the caller's close must reach this worker
         else:
             self.claims.release_now(sid)
 
@@ -274,7 +299,8 @@ class AgentServer(SessionServer):
                 outcome = "release_failed"
         receipt = ({"agent_session_id": sid, "outcome": outcome, **extra}, time.monotonic())
         self._receipts[sid] = receipt
-        self.claims.mark_open(sid)  # held by the receipt until the background drops it
+        # Held by the receipt until the background drops it; no live session now.
+        self.claims.mark_open(sid, live=False)
         return receipt
 
     # Background: drop receipts after the window, retry failed seeds -----------------------
@@ -325,6 +351,31 @@ class AgentServer(SessionServer):
                 timeout=aiohttp.ClientTimeout(total=None, sock_read=300),
             )
         return self._http
+
+    def bind(
+        self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
+    ) -> None:
+        super().bind(settings, claims, credentials)
+        claims.on_idle(self._expire_idle)
+
+    def _expire_idle(self, sid: str) -> None:
+        """A live agent session idled out: release it in the background; its receipt says so."""
+        state = self.agent_sessions.pop(sid, None)
+        if state is None:
+            return
+        self.expired_total += 1
+        self._receipts[sid] = ({"agent_session_id": sid, "outcome": "expired"}, time.monotonic())
+        self.claims.mark_open(sid, live=False)  # held by the receipt, as after a close
+        task = asyncio.ensure_future(self._release_expired(sid, state))
+        self._expiring.add(task)
+        task.add_done_callback(self._expiring.discard)
+
+    async def _release_expired(self, sid: str, state: Any) -> None:
+        async with self._one_at_a_time(sid):
+            try:
+                await self.close_agent_session(sid, state)
+            except Exception:
+                logger.warning("closing idle agent session %r failed", sid, exc_info=True)
 
     def release_all(self) -> None:
         self.agent_sessions.clear()

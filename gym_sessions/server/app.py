@@ -30,6 +30,7 @@ from gym_sessions.errors import (
     MethodNotAllowedError,
     NotFoundError,
     error_body,
+    error_headers,
 )
 from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
 from gym_sessions.routing.forward_signature import ForwardSigner
@@ -46,7 +47,7 @@ from gym_sessions.routing.redis_claims import (
 from gym_sessions.routing.router import SessionRouter
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.session_cookie import SessionCookieMiddleware
-from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints
+from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
 from gym_sessions.settings import Settings
 
@@ -61,7 +62,10 @@ def new_worker_id() -> str:
 
 
 def _error_response(error: HTTPError) -> Response:
-    return Response(error_body(error), status_code=error.status, media_type="application/json")
+    headers = {name.decode(): value.decode() for name, value in error_headers(error)}
+    return Response(
+        error_body(error), status_code=error.status, headers=headers, media_type="application/json"
+    )
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:
@@ -106,6 +110,7 @@ class WorkerApp:
         self.registry: WorkerRegistry | None = None
         self.redis_store: RedisClaimStore | None = None
         store: ClaimStore = LocalClaimStore()
+        endpoints: WorkerEndpoints | None = None
         window = settings.session_close_retry_window_seconds
         if settings.routed and settings.redis_claims:
             # Several hosts: claims and worker addresses in Redis, private
@@ -115,17 +120,17 @@ class WorkerApp:
                 self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS
             )
             self.forward_signer = ForwardSigner(settings.secret)
+            endpoints = TcpEndpoints(self.registry)
             self.forwarder = make_forwarder(
-                settings.forward_transport, TcpEndpoints(self.registry), self.forward_signer
+                settings.forward_transport, endpoints, self.forward_signer
             )
         elif settings.routed:
             if settings.runtime_dir is None:
                 raise ValueError("a routed worker needs the runtime directory of its server")
             self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
             store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
-            self.forwarder = make_forwarder(
-                settings.forward_transport, UnixEndpoints(self.runtime_dir)
-            )
+            endpoints = UnixEndpoints(self.runtime_dir)
+            self.forwarder = make_forwarder(settings.forward_transport, endpoints)
         standing = None
         if self.registry is not None:
             registry = self.registry
@@ -137,7 +142,14 @@ class WorkerApp:
             def standing() -> bool:
                 return registry.registered_within(trusted_for)
 
-        self.claims = OwnedClaims(store, self.worker_id, window, standing=standing)
+        self.claims = OwnedClaims(
+            store,
+            self.worker_id,
+            window,
+            standing=standing,
+            max_sessions=settings.max_sessions,
+            idle_timeout=settings.session_idle_timeout,
+        )
         server.bind(settings, self.claims, self.credentials)
 
         routes = server.routes()
@@ -168,6 +180,7 @@ class WorkerApp:
             debug_worker_header=settings.debug_worker_header,
             forward_signer=self.forward_signer,
             trust_session_ids=settings.trust_session_ids,
+            worker_ids=endpoints.worker_ids if endpoints is not None else None,
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None

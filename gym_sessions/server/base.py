@@ -39,6 +39,8 @@ class SessionServer:
     settings: Settings
     claims: OwnedClaims
     credentials: SessionCredentials
+    #: Sessions this worker closed because they idled out.
+    expired_total: int = 0
 
     def bind(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
@@ -83,4 +85,13 @@ class SessionServer:
         """Drop every session's state (the worker is shutting down)."""
 
     async def _health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "worker": self.claims.worker_id, **self.metrics()})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "worker": self.claims.worker_id,
+                "open_sessions": self.claims.live_sessions,
+                "max_sessions": self.claims.max_sessions or None,
+                "expired_sessions": self.expired_total,
+                **self.metrics(),
+            }
+        )

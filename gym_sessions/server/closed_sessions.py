@@ -21,6 +21,7 @@ class ClosedResourcesSessionRecords:
         self.window = window
         self._clock = clock
         self._closed_at: OrderedDict[str, float] = OrderedDict()
+        self._expired: set[str] = set()
 
     def _forget_expired(self) -> None:
         deadline = self._clock() - self.window
@@ -29,6 +30,7 @@ class ClosedResourcesSessionRecords:
             if closed_at > deadline:
                 break
             del self._closed_at[sid]
+            self._expired.discard(sid)
 
     def __contains__(self, session_id: str) -> bool:
         self._forget_expired()
@@ -38,9 +40,20 @@ class ClosedResourcesSessionRecords:
         self._forget_expired()
         return len(self._closed_at)
 
-    def add(self, session_id: str) -> bool:
-        """Record a close; ``True`` if this is the id's first close within the window."""
+    def add(self, session_id: str, *, expired: bool = False) -> bool:
+        """Record a close; ``True`` if this is the id's first close within the window.
+
+        Args:
+            session_id: The session.
+            expired: The server closed it because it idled out (not its client).
+        """
         if session_id in self:
             return False
         self._closed_at[session_id] = self._clock()
+        if expired:
+            self._expired.add(session_id)
         return True
+
+    def expired(self, session_id: str) -> bool:
+        """Whether the recorded close was the server's, for idling out."""
+        return session_id in self and session_id in self._expired

@@ -26,7 +26,6 @@ from gym_sessions.errors import (
     EnvError,
     InvalidRequestError,
     NoOpenEpisodeError,
-    SessionClosedError,
 )
 from gym_sessions.frames import encode_frame
 from gym_sessions.server.bodies import BodySchema, Field, read_json
@@ -152,8 +151,7 @@ class GymEnvServer(ResourcesServer):
     async def _render_route(self, request: Request) -> Response:
         _RENDER_BODY.validate(await read_json(request))
         sid = session_id(request)
-        if sid in self.closed:
-            raise SessionClosedError(f"session {sid!r} is closed")
+        self.refuse_if_closed(sid)
         state = self._sessions.get(sid)
         if state is None:
             raise NoOpenEpisodeError("this session has no environment to render: call /reset")

@@ -33,6 +33,7 @@ from gym_sessions.errors import (
     SessionConflictError,
     SessionGoneError,
     error_body,
+    error_headers,
     jsonrpc_error_body,
 )
 from gym_sessions.routing.request_session import request_session
@@ -61,8 +62,12 @@ def _error(request_id: Any, code: int, message: str, status: int = 200) -> JSONR
 
 
 def _framework_error(request_id: Any, error: HTTPError) -> Response:
+    headers = {name.decode(): value.decode() for name, value in error_headers(error)}
     return Response(
-        jsonrpc_error_body(error, request_id), error.status, media_type="application/json"
+        jsonrpc_error_body(error, request_id),
+        error.status,
+        headers=headers,
+        media_type="application/json",
     )
 
 

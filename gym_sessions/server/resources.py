@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from gym_sessions.credentials import SessionCredentials
-from gym_sessions.errors import InvalidRequestError, SessionClosedError
+from gym_sessions.errors import InvalidRequestError, SessionClosedError, SessionExpiredError
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.request_session import request_session
 from gym_sessions.routing.session_ids import (
@@ -83,6 +83,7 @@ class ResourcesServer(SessionServer):
         super().bind(settings, claims, credentials)
         self.closed = ClosedResourcesSessionRecords(settings.session_close_retry_window_seconds)
         claims.on_release(self.release_session)
+        claims.on_idle(self._expire_idle)
 
     @property
     def start_paths(self) -> tuple[str, ...]:
@@ -131,11 +132,19 @@ class ResourcesServer(SessionServer):
             McpEndpoint(tools, session_id, name=type(self).__name__).route(),
         ]
 
+    def refuse_if_closed(self, sid: str) -> None:
+        """Raise if ``sid`` was closed within the window: 410 if it idled out, else 409."""
+        if sid in self.closed:
+            if self.closed.expired(sid):
+                raise SessionExpiredError(
+                    f"session {sid!r} had no request for {self.settings.session_idle_timeout:g} s "
+                    "and was closed; start a new session"
+                )
+            raise SessionClosedError(f"session {sid!r} is closed")
+
     def _refusing_closed(self, handler: ToolHandler) -> ToolHandler:
         async def call(request: Request, arguments: dict[str, Any]) -> dict[str, Any]:
-            sid = session_id(request)
-            if sid in self.closed:
-                raise SessionClosedError(f"session {sid!r} is closed")
+            self.refuse_if_closed(session_id(request))
             return await handler(request, arguments)
 
         return call
@@ -146,8 +155,7 @@ class ResourcesServer(SessionServer):
             body.pop(SESSION_KEY_FIELD, None)  # a credential, not task data for the hook
             tools = self._mcp_tools(body.get("mcp_tools"))
             sid = session_id(request)
-            if sid in self.closed:
-                raise SessionClosedError(f"session {sid!r} was closed; start a new session id")
+            self.refuse_if_closed(sid)
             reply = await self.start_session(sid, body, path)
             if sid in self.closed:  # closed while the start awaited
                 self.release_session(sid)
@@ -181,6 +189,8 @@ class ResourcesServer(SessionServer):
     async def _verify_route(self, request: Request) -> JSONResponse:
         body = ANY_BODY.validate(await read_json(request))
         sid = session_id(request)
+        if self.closed.expired(sid):
+            self.refuse_if_closed(sid)
         result = await self.verify_session(sid, body)
         if request.headers.get(CLOSE_FOLLOWS_HEADER) != "1":
             self._end(sid)
@@ -199,6 +209,13 @@ class ResourcesServer(SessionServer):
     async def _aggregate_route(self, request: Request) -> JSONResponse:
         body = AGGREGATE_BODY.validate(await read_json(request))
         return JSONResponse(aggregate_verify_responses(body["verify_responses"]))
+
+    def _expire_idle(self, sid: str) -> None:
+        """An open session idled out: close it as its client would have (410 from now on)."""
+        self.claims.mark_not_open(sid)
+        if self.closed.add(sid, expired=True):
+            self.expired_total += 1
+            self.release_session(sid)
 
     def _end(self, sid: str) -> str:
         """End the session: record the close, release its state, start its window."""
