@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -10,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
+from gym_sessions.client import lifecycle
 from gym_sessions.client.async_http import AsyncHTTPClient
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
@@ -28,7 +30,14 @@ class AsyncRemoteEnv:
     shells around `RemoteEnvProtocol`), over aiohttp with one kept-alive
     connection, so any number of envs share one event loop, one session each.
     Open it with ``async with`` or `create` (both read the spaces from
-    ``GET /spaces``); leaving the ``async with`` block closes the session.
+    ``GET /spaces``); leaving the ``async with`` block closes the session. A
+    ``reset()`` after ``close()`` starts a new session (a new id and key).
+
+    An env that is garbage-collected or still open at interpreter exit closes
+    its session by itself (with a blocking request of at most about 2 s, even
+    inside a running event loop, or after ``asyncio.run`` has closed the loop)
+    and its aiohttp session, without raising or printing aiohttp's "Unclosed"
+    messages (`gym_sessions.client.lifecycle`). ``await close()`` to know it worked.
 
     Example:
         >>> async with AsyncRemoteEnv("http://127.0.0.1:8000") as env:
@@ -43,8 +52,13 @@ class AsyncRemoteEnv:
         timeout: Seconds to wait for each reply.
         keep_alive: Keep one connection for the session.
         retries: Resends of a request that is safe to resend after a lost reply.
+        headers: Extra headers sent with every request, the close at exit
+            included (an authenticating proxy's, say: ``{"X-Proxy-Auth": "..."}``).
         description: The served env, when already known (a vector env reads
             ``/spaces`` once for all its sessions); read on `open` otherwise.
+        close_at_exit: Close the session at garbage collection or exit if it is
+            still open. ``False`` when the owner does that itself (a
+            `RemoteVectorEnv` closes all its sessions at once, on its loop).
     """
 
     observation_space: gym.Space[Any]
@@ -58,18 +72,19 @@ class AsyncRemoteEnv:
         timeout: float = 60.0,
         keep_alive: bool = True,
         retries: int = 1,
+        headers: Mapping[str, str] | None = None,
         *,
         description: EnvDescription | None = None,
+        close_at_exit: bool = True,
     ) -> None:
         self.url = url
         self.render_mode = render_mode
-        self._http = AsyncHTTPClient(url, timeout=timeout, keep_alive=keep_alive, retries=retries)
+        self._http = AsyncHTTPClient(
+            url, timeout=timeout, keep_alive=keep_alive, retries=retries, headers=headers
+        )
         self._protocol: RemoteEnvProtocol | None = None
-        self._description = description
         self._np_random: np.random.Generator | None = None
-        #: The worker holding this session (from ``GET /health`` after the first reset).
-        self.worker: str | None = None
-        self._closed = False
+        self._close_at_exit = close_at_exit
         if description is not None:
             self._describe(description)
 
@@ -85,6 +100,8 @@ class AsyncRemoteEnv:
         self.observation_space = description.observation_space
         self.action_space = description.action_space
         self.metadata = description.metadata
+        if self._close_at_exit:
+            lifecycle.close_at_exit(self, self._http, self._protocol, self._http.close_soon)
 
     async def open(self) -> AsyncRemoteEnv:
         """Read the spaces (unless given) and check the render mode; returns ``self``."""
@@ -110,8 +127,13 @@ class AsyncRemoteEnv:
 
     @property
     def session_id(self) -> str:
-        """The session's id (picked by the client)."""
+        """The current session's id (picked by the client; a new one after ``close()``)."""
         return self.protocol.session_id
+
+    @property
+    def worker(self) -> str | None:
+        """The worker holding the session (from ``GET /health`` after the session's first reset)."""
+        return self._protocol.worker if self._protocol is not None else None
 
     @property
     def np_random(self) -> np.random.Generator:
@@ -129,8 +151,8 @@ class AsyncRemoteEnv:
             self._np_random, _ = seeding.np_random(seed)
         reply = await self._http.send(protocol.reset_request(seed, options))
         observation, info = protocol.reset_reply(reply)
-        if self.worker is None:
-            self.worker = (await self._http.send(protocol.health_request())).json()["worker"]
+        if protocol.worker is None:
+            protocol.health_reply(await self._http.send(protocol.health_request()))
         return observation, info
 
     async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -161,14 +183,18 @@ class AsyncRemoteEnv:
         return (await self._http.send(request)).json()
 
     async def close(self) -> None:
-        """Close the session on the server (once) and the connection."""
-        if self._closed:
-            return
-        self._closed = True
+        """Close the session on the server (once) and the connection.
+
+        A later ``reset()`` starts a new session.
+
+        Raises:
+            GymSessionsError: the server could not be reached or refused the close.
+        """
+        request = self._protocol.claim_close() if self._protocol is not None else None
         try:
-            if self._protocol is not None and self._protocol.started:
+            if request is not None:
                 with contextlib.suppress(SessionGoneError):  # nothing left to close
-                    await self._http.send(self._protocol.close_request())
+                    await self._http.send(request)
         finally:
             await self._http.close()
 

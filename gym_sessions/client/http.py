@@ -11,6 +11,7 @@ naming the URL. A reply lost to a broken connection or a timeout is retried
 
 `HTTPClientBase` holds what the blocking `HTTPClient` and the asyncio
 `AsyncHTTPClient` share: the URL, the cookie, request headers and reply decoding.
+A caller's extra ``headers`` (an authenticating proxy's, say) go on every request.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,6 +33,25 @@ from gym_sessions.errors import (
 
 __all__ = ["HTTPClient", "HTTPClientBase"]
 
+#: Headers only the client sets: a caller's value would break the request's framing.
+_FRAMING_HEADERS = frozenset(
+    {"connection", "content-length", "content-type", "host", "transfer-encoding"}
+)
+
+
+def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of a caller's extra headers; raises for ones the client must set itself."""
+    checked: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"header names and values must be str, not {name!r}: {value!r}")
+        if name.lower() in _FRAMING_HEADERS:
+            raise ValueError(f"header {name!r} is set by the client itself")
+        if any(c in name + value for c in "\r\n\0"):
+            raise ValueError(f"header {name!r} contains a line break or NUL")
+        checked[name] = value
+    return checked
+
 
 class HTTPClientBase:
     """URL, session cookie, headers and reply decoding shared by both HTTP clients.
@@ -44,6 +64,12 @@ class HTTPClientBase:
         retries: How many times a resendable request is sent again after its
             reply was lost (a broken connection or a timeout).
         cookie_name: The server's session cookie name.
+        headers: Extra headers sent with every request (an authenticating
+            proxy's, say). A ``Cookie`` here is sent along with the session
+            cookie; framing headers (``Content-Type``, ``Connection``, ...) are refused.
+
+    Raises:
+        ValueError: a bad URL, or a header the client sets itself.
     """
 
     def __init__(
@@ -54,6 +80,7 @@ class HTTPClientBase:
         keep_alive: bool = True,
         retries: int = 1,
         cookie_name: str = "gym_session",
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -67,16 +94,25 @@ class HTTPClientBase:
         self.retries = retries
         self.cookie_name = cookie_name
         self.cookie: str | None = None
+        #: The caller's extra headers, sent with every request.
+        self.headers = _checked_headers(headers)
 
     def _headers(self, request: Request) -> tuple[bytes, dict[str, str]]:
         """The body and headers to send for ``request``."""
-        headers = {"Accept": "application/json"}
+        if request.new_session:
+            self.cookie = None  # an earlier session's cookie beside the new id would get a 409
+        headers = {name: value for name, value in self.headers.items() if name.lower() != "cookie"}
+        if not any(name.lower() == "accept" for name in headers):
+            headers["Accept"] = "application/json"
         payload = b""
         if request.body is not None:
             payload = json.dumps(request.body, allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
+        cookies = [value for name, value in self.headers.items() if name.lower() == "cookie"]
         if self.cookie:
-            headers["Cookie"] = f"{self.cookie_name}={self.cookie}"
+            cookies.append(f"{self.cookie_name}={self.cookie}")
+        if cookies:  # one Cookie header: the caller's cookies and the session's
+            headers["Cookie"] = "; ".join(cookies)
         if not self.keep_alive:
             headers["Connection"] = "close"
         headers.update(request.headers)

@@ -18,12 +18,18 @@ Which requests may be sent again after a lost reply (`Request.resendable`):
   After a lost ``/step`` reply the client asks ``/observe`` how many steps the
   episode has taken: if the step did not run it is sent again, otherwise
   `ConnectionLostError` says the step ran and its reply is lost.
+
+A session is closed at most once (`claim_close`), whether by ``close()`` or by
+the close at garbage collection or exit (`gym_sessions.client.lifecycle`). A
+reset after a close starts a new session (`new_session`): a new id and a new
+key, since the server refuses a closed id for its window (409 session_closed).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,6 +67,9 @@ class Request:
         body: JSON body; ``None`` sends none.
         headers: Extra headers.
         resendable: Safe to send again when its reply is lost (see module docstring).
+        new_session: The first start of a session: the client drops the cookie
+            of an earlier (closed) session, which the server would refuse beside
+            the new id (409).
     """
 
     method: str
@@ -68,6 +77,7 @@ class Request:
     body: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
     resendable: bool = False
+    new_session: bool = False
 
     def describe(self) -> str:
         return f"{self.method} {self.path}"
@@ -138,7 +148,7 @@ class RemoteEnvProtocol:
     Args:
         description: The served env.
         render_mode: Render mode for the session's env (checked against the description).
-        session_id: The session's id; a fresh random one by default.
+        session_id: The first session's id; a fresh random one by default.
     """
 
     def __init__(
@@ -150,16 +160,32 @@ class RemoteEnvProtocol:
         description.check_render_mode(render_mode)
         self.description = description
         self.render_mode = render_mode
+        # A close at garbage collection may run on another thread than close().
+        self._close_lock = threading.Lock()
+        self.new_session(session_id)
+
+    def new_session(self, session_id: str | None = None) -> None:
+        """Name a new session: a new id (random by default) and a new key, not yet started."""
         self.session_id = session_id or uuid.uuid4().hex
         #: Proof of ownership for starts and closes sent without the cookie.
         self.session_key = secrets.token_urlsafe(32)
+        #: A start was sent: the server may hold the session (even if its reply was lost).
         self.started = False
+        #: Set by `claim_close`: the session is closed or being closed.
+        self.closed = False
         #: Steps of the open episode, as the server counts them (``/observe``).
         self.episode_length = 0
+        #: The server worker holding the session (`health_reply`).
+        self.worker: str | None = None
 
     # Session start and steps -------------------------------------------------------------
 
     def reset_request(self, seed: int | None, options: dict[str, Any] | None) -> Request:
+        """The start of an episode; after a close, of a new session (as a local env allows)."""
+        if self.closed:
+            self.new_session()  # the server refuses a closed id for its window
+        first_start = not self.started
+        self.started = True
         body: dict[str, Any] = {
             "resources_session_id": self.session_id,
             "session_key": self.session_key,
@@ -168,11 +194,10 @@ class RemoteEnvProtocol:
         }
         if self.render_mode is not None:
             body["render_mode"] = self.render_mode
-        return Request("POST", "/reset", body, resendable=True)
+        return Request("POST", "/reset", body, resendable=True, new_session=first_start)
 
     def reset_reply(self, reply: Reply) -> tuple[Any, dict[str, Any]]:
         data = reply.json()
-        self.started = True
         self.episode_length = 0
         observation = value_from_json(self.description.observation_space, data["observation"])
         return observation, data["info"]
@@ -230,6 +255,25 @@ class RemoteEnvProtocol:
         # claims the session, whichever worker accepted the connection.
         return Request("GET", "/health", resendable=True)
 
+    def health_reply(self, reply: Reply) -> str:
+        """Remember and return the worker that holds the session."""
+        self.worker = reply.json()["worker"]
+        return self.worker
+
+    # Closing -------------------------------------------------------------------------------
+
     def close_request(self) -> Request:
         body = {"resources_session_id": self.session_id, "session_key": self.session_key}
         return Request("POST", "/close_session", body, resendable=True)
+
+    def claim_close(self) -> Request | None:
+        """Mark the session closed; returns its close request the first time, if it started.
+
+        ``close()`` and the close at garbage collection or exit both ask here,
+        so a session is never closed twice (and a never-started one never is).
+        """
+        with self._close_lock:
+            if self.closed:
+                return None
+            self.closed = True
+        return self.close_request() if self.started else None

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 
 from gym_sessions.client.http import HTTPClient
+from gym_sessions.client.lifecycle import close_at_exit
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
     WIRE_RENDER_MODES,
@@ -27,6 +29,12 @@ class RemoteEnv(gym.Env):
     seeds the server's env and this object's ``np_random``. After the first
     reset, `worker` names the server worker that holds the session.
 
+    ``close()`` closes the session; a ``reset()`` after it starts a new session
+    (a new id and key), as a local env may be reset after ``close()``. An env
+    that is garbage-collected or still open at interpreter exit closes its
+    session by itself: best effort, at most about 2 s, never raising
+    (`gym_sessions.client.lifecycle`). Call ``close()`` to know it worked.
+
     Example:
         >>> import gymnasium, gym_sessions
         >>> env = gymnasium.make("gym_sessions/Remote-v0", url="http://127.0.0.1:8000")
@@ -44,6 +52,9 @@ class RemoteEnv(gym.Env):
         keep_alive: Keep one connection for the session (no routing hop needed).
         retries: Resends of a request that is safe to resend after a lost reply
             (see `gym_sessions.client.protocol`); a step is never resent blindly.
+        headers: Extra headers sent with every request, the close at exit
+            included (an authenticating proxy's, say: ``{"X-Proxy-Auth": "..."}``).
+            A ``Cookie`` here is sent along with the session cookie.
     """
 
     # What gymnasium.make checks a requested render_mode against before the
@@ -57,9 +68,12 @@ class RemoteEnv(gym.Env):
         timeout: float = 60.0,
         keep_alive: bool = True,
         retries: int = 1,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.url = url
-        self._http = HTTPClient(url, timeout=timeout, keep_alive=keep_alive, retries=retries)
+        self._http = HTTPClient(
+            url, timeout=timeout, keep_alive=keep_alive, retries=retries, headers=headers
+        )
         try:
             description = EnvDescription.from_json(self._http.send(SPACES_REQUEST).json())
             self._protocol = RemoteEnvProtocol(description, render_mode)
@@ -70,10 +84,17 @@ class RemoteEnv(gym.Env):
         self.action_space = description.action_space
         self.metadata = description.metadata
         self.render_mode = render_mode
-        self.session_id = self._protocol.session_id
-        #: The worker holding this session (from ``GET /health`` after the first reset).
-        self.worker: str | None = None
-        self._closed = False
+        close_at_exit(self, self._http, self._protocol, self._http.close)
+
+    @property
+    def session_id(self) -> str:
+        """The current session's id (picked by the client; a new one after ``close()``)."""
+        return self._protocol.session_id
+
+    @property
+    def worker(self) -> str | None:
+        """The worker holding the session (from ``GET /health`` after the session's first reset)."""
+        return self._protocol.worker
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -81,8 +102,8 @@ class RemoteEnv(gym.Env):
         super().reset(seed=seed)
         reply = self._http.send(self._protocol.reset_request(seed, options))
         observation, info = self._protocol.reset_reply(reply)
-        if self.worker is None:
-            self.worker = self._http.send(self._protocol.health_request()).json()["worker"]
+        if self._protocol.worker is None:
+            self._protocol.health_reply(self._http.send(self._protocol.health_request()))
         return observation, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -118,13 +139,17 @@ class RemoteEnv(gym.Env):
         return self._http.send(self._protocol.verify_request(close_follows, body)).json()
 
     def close(self) -> None:
-        """Close the session on the server (once) and the connection."""
-        if self._closed:
-            return
-        self._closed = True
+        """Close the session on the server (once) and the connection.
+
+        A later ``reset()`` starts a new session.
+
+        Raises:
+            GymSessionsError: the server could not be reached or refused the close.
+        """
+        request = self._protocol.claim_close()
         try:
-            if self._protocol.started:
+            if request is not None:
                 with contextlib.suppress(SessionGoneError):  # nothing left to close
-                    self._http.send(self._protocol.close_request())
+                    self._http.send(request)
         finally:
             self._http.close()

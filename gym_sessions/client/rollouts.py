@@ -15,7 +15,7 @@ episodes beyond that are not recorded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from copy import deepcopy
 from typing import Any, Protocol
 
@@ -47,6 +47,7 @@ def run_episodes(
     num_envs: int = 1,
     seed: int | None = None,
     progress: bool = True,
+    headers: Mapping[str, str] | None = None,
     **make_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Run ``episodes`` episodes of ``policy``; returns one record per step (module docstring).
@@ -68,17 +69,26 @@ def run_episodes(
         seed: Seeds the first reset (sub-env ``i`` gets ``seed + i``) and the
             placeholder actions of sub-envs whose steps are not recorded.
         progress: Show a tqdm progress bar of finished episodes.
+        headers: Extra headers sent with every request (an authenticating
+            proxy's, say), with a URL; a vector env you pass keeps its own.
         make_kwargs: More arguments for ``make_vec`` (``max_episode_steps``,
             ``timeout``, ``render_mode``, ...), with a URL.
+
+    Raises:
+        ValueError: ``episodes`` is below 1, or ``headers`` come with a vector env.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, not {episodes}")
     if isinstance(env, str):
+        if headers is not None:
+            make_kwargs["headers"] = headers
         vector = gym.make_vec(REMOTE_ENV_ID, num_envs=num_envs, url=env, **make_kwargs)
         try:
             return _Rollout(vector, policy, seed).run(episodes, progress)
         finally:
             vector.close()
+    if headers is not None:
+        raise ValueError("headers= goes with a URL; make the vector env with headers= instead")
     return _Rollout(env, policy, seed).run(episodes, progress)
 
 

@@ -22,14 +22,22 @@ exited) names the sub-env in its message and in ``env_index``; other errors
 carry ``env_index`` and a note. The other sub-envs may have stepped, so the
 vector env refuses to step until a full `reset`, which also replaces lost
 sessions with new ones.
+
+A vector env that is garbage-collected or still open at interpreter exit
+closes its sessions by itself, all at once on its loop (at most
+`EXIT_CLOSE_TIMEOUT_SECONDS` in all, errors ignored), closes their aiohttp
+sessions and stops its thread, so nothing is left open on the server and
+aiohttp prints no "Unclosed client session".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import threading
 import weakref
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from copy import deepcopy
 from typing import Any, TypeVar
 
@@ -44,6 +52,13 @@ from gym_sessions.errors import SessionGoneError
 __all__ = ["RemoteVectorEnv"]
 
 T = TypeVar("T")
+
+#: Seconds a vector env closing at garbage collection or exit waits for all its closes.
+EXIT_CLOSE_TIMEOUT_SECONDS = 2.0
+
+# Closes started on the loop's own thread, kept here until done (the loop only
+# holds weak references to its tasks).
+_CLOSING_TASKS: set[asyncio.Task[None]] = set()
 
 
 class _EventLoopThread:
@@ -65,6 +80,10 @@ class _EventLoopThread:
         )
         self._thread.start()
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on the loop's thread (where `run` would wait for itself)."""
+        return threading.current_thread() is self._thread
+
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         try:
@@ -84,6 +103,40 @@ class _EventLoopThread:
 
 async def _gather(calls: Sequence[Awaitable[Any]]) -> list[Any]:
     return await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def _close_envs(envs: Sequence[AsyncRemoteEnv], give_up_after: float | None) -> None:
+    """Close every sub-env concurrently, ignoring their errors; give up after that many seconds."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_gather([env.close() for env in envs]), give_up_after)
+
+
+def _close_and_stop(
+    loop: _EventLoopThread, envs: list[AsyncRemoteEnv], timeout: float | None
+) -> None:
+    """Close every sub-env (see `_close_envs`) on ``loop``, then stop the loop's thread."""
+    if loop.loop.is_closed():
+        return
+    if loop.is_current():
+        # Collected on the loop's own thread, which cannot wait for itself:
+        # the loop closes the sessions, then stops.
+        task = loop.loop.create_task(_close_envs(list(envs), timeout))
+        _CLOSING_TASKS.add(task)
+        task.add_done_callback(_CLOSING_TASKS.discard)
+        task.add_done_callback(lambda _: loop.stop())
+        return
+    try:
+        loop.run(_close_envs(list(envs), timeout))
+    finally:
+        loop.stop()
+
+
+def _close_abandoned(pid: int, loop: _EventLoopThread, envs: list[AsyncRemoteEnv]) -> None:
+    """The close of a vector env collected or still open at exit: bounded, never raising."""
+    if os.getpid() != pid:
+        return  # a forked child has no loop thread: its parent's sessions are not its own
+    with contextlib.suppress(Exception):
+        _close_and_stop(loop, envs, EXIT_CLOSE_TIMEOUT_SECONDS)
 
 
 async def _step_then_reset(
@@ -110,12 +163,17 @@ class RemoteVectorEnv(VectorEnv):
     ``gymnasium.make_vec`` passes every keyword argument here (not through
     ``vector_kwargs``): ``make_vec(id, num_envs=8, url=..., autoreset_mode="SameStep")``.
 
+    Left open, it closes its sessions when garbage-collected or at interpreter
+    exit (all at once, at most about 2 s, never raising; see the module).
+
     Args:
         num_envs: Number of sessions.
         url: The server's base URL.
         render_mode: As for `RemoteEnv`; `render` returns one frame per sub-env.
         timeout: Seconds to wait for each reply.
         retries: Resends of a request that is safe to resend after a lost reply.
+        headers: Extra headers sent with every request of every sub-env (an
+            authenticating proxy's, say: ``{"X-Proxy-Auth": "..."}``).
         autoreset_mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED`` (see the module).
         max_episode_steps: Truncate episodes after this many steps, counted here
             (as ``gymnasium.make(..., max_episode_steps=...)`` does with ``TimeLimit``).
@@ -132,6 +190,7 @@ class RemoteVectorEnv(VectorEnv):
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         max_episode_steps: int | None = None,
         copy: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
@@ -141,17 +200,27 @@ class RemoteVectorEnv(VectorEnv):
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.max_episode_steps = max_episode_steps
         self.copy = copy
-        self._env_options = {"timeout": timeout, "retries": retries, "render_mode": render_mode}
+        self._env_options: dict[str, Any] = {
+            "timeout": timeout,
+            "retries": retries,
+            "render_mode": render_mode,
+            "headers": headers,
+            # This env closes its sub-envs at exit itself: all at once, on its loop.
+            "close_at_exit": False,
+        }
         self._loop = _EventLoopThread()
-        # A vector env that is never closed still stops its thread when collected.
-        weakref.finalize(self, self._loop.stop)
+        #: One per sub-env; replaced in place (the exit close holds this list).
+        self.envs: list[AsyncRemoteEnv] = []
+        self._close_at_exit = weakref.finalize(
+            self, _close_abandoned, os.getpid(), self._loop, self.envs
+        )
         try:
             first = self._loop.run(AsyncRemoteEnv.create(url, **self._env_options))
         except BaseException:
-            self._loop.stop()
+            self._close_at_exit()
             raise
         self.description: EnvDescription = first.protocol.description
-        self.envs: list[AsyncRemoteEnv] = [first] + [self._new_env() for _ in range(num_envs - 1)]
+        self.envs += [first] + [self._new_env() for _ in range(num_envs - 1)]
 
         self.metadata = {**self.description.metadata, "autoreset_mode": self.autoreset_mode}
         self.single_observation_space = self.description.observation_space
@@ -348,11 +417,9 @@ class RemoteVectorEnv(VectorEnv):
         return tuple(results)
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Close every session (best effort) and stop the event loop thread."""
-        try:
-            self._loop.run(_gather([env.close() for env in self.envs]))
-        finally:
-            self._loop.stop()
+        """Close every session (best effort, concurrently) and stop the event loop thread."""
+        if self._close_at_exit.detach() is not None:
+            _close_and_stop(self._loop, self.envs, timeout=None)
 
 
 def _reset_mask(options: dict[str, Any] | None, num_envs: int) -> np.ndarray | None:
