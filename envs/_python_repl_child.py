@@ -1,12 +1,16 @@
 """The child process of `envs.python_repl`: one persistent namespace, one request at a time.
 
-Started as ``python _python_repl_child.py PARENT_PID``. It reads JSON lines
+Started by `envs.python_repl` as ``python -I -c BOOTSTRAP MARKER PARENT_PID``:
+the bootstrap reads this file's source from stdin, ahead of the requests, so
+the sandbox's users need not be able to read this file; the last argument is
+the worker's pid. It reads JSON lines
 ``{"code": ...}`` and answers each with one JSON line
 ``{"stdout", "stderr", "value", "error"}``. The protocol moves to private
 copies of fds 0 and 1 at start, and fds 0 and 1 are pointed at /dev/null and
 fd 2, so ``input()``, ``os.write(1, ...)`` or a subprocess of the user's code
-cannot read or corrupt it. Only this file's standard library imports run
-before the first request, so a fresh interpreter starts quickly.
+cannot read or corrupt it; every other inherited descriptor is closed. Only
+this file's standard library imports run before the first request, so a fresh
+interpreter starts quickly.
 """
 
 from __future__ import annotations
@@ -49,6 +53,24 @@ def _private_channels() -> tuple[BinaryIO, BinaryIO]:
     os.dup2(2, 1)
     os.close(devnull)
     return requests, replies
+
+
+def _close_inherited_fds(keep: set[int]) -> None:
+    """Close every descriptor above 2 but ``keep``, before any of the user's code runs.
+
+    The worker's event loop (uvloop) does not implement ``close_fds``, so the
+    interpreter inherits every inheritable descriptor of its worker: the
+    server's listening socket among them, on which the session's code could
+    accept other clients' connections.
+    """
+    try:
+        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc (macOS): every number up to the limit
+        open_fds = list(range(3, os.sysconf("SC_OPEN_MAX")))
+    for fd in open_fds:
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed meanwhile
+                os.close(fd)
 
 
 def _clip(text: str) -> str:
@@ -103,8 +125,9 @@ def run_cell(code: str, namespace: dict[str, Any], filename: str) -> dict[str, A
 
 
 def main() -> None:
-    _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
+    _die_with_parent(int(sys.argv[-1]) if len(sys.argv) > 1 else os.getppid())
     requests, replies = _private_channels()
+    _close_inherited_fds({requests.fileno(), replies.fileno()})
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     for number, line in enumerate(requests, start=1):
         code = json.loads(line)["code"]

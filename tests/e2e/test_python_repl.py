@@ -1,7 +1,13 @@
-"""The per-session Python interpreter example (`envs.python_repl`) against real servers."""
+"""The per-session Python interpreter example (`envs.python_repl`) against real servers.
+
+As root the servers run sandboxed (a uid per interpreter); otherwise they are
+started with ``--unsandboxed``, which a server that is not root requires.
+`tests/e2e/test_repl_sandbox.py` tests the sandbox itself.
+"""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import glob
 import os
@@ -16,12 +22,17 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from envs.counter_load import client_session
+from envs.python_repl import CHILD_MARKER  # a module that cannot import fails this file loudly
 from gym_sessions.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
 REPL = "envs.python_repl:PythonReplServer"
-CHILD_SCRIPT = "_python_repl_child.py"
+# Not root: no sandbox, so the server refuses to start unless told to run unsandboxed.
+# REPL_TESTS_UNSANDBOXED=1 runs these tests unsandboxed as root too.
+UNSANDBOXED = os.geteuid() != 0 or os.environ.get("REPL_TESTS_UNSANDBOXED") == "1"
+MODE_ARGS: tuple[str, ...] = ("--unsandboxed",) if UNSANDBOXED else ()
+CHILD_SCRIPT = CHILD_MARKER  # an argument of every interpreter's command line
 COOKIE = "gym_session"
 TOKEN = "X-Gym-Session-Token"
 SESSIONS = 50
@@ -146,7 +157,7 @@ async def no_interpreters_left(server: ServerProcess) -> bool:
 
 
 async def test_one_session_is_one_interpreter_like_a_repl(serve):
-    server = serve(REPL)
+    server = serve(REPL, *MODE_ARGS)
     async with client_session() as client:
         status, data, cookie = await run_code(client, server.url, "x = 41\nx + 1")
         assert status == 200
@@ -172,7 +183,7 @@ async def test_one_session_is_one_interpreter_like_a_repl(serve):
 
 
 def test_http_sessions_keep_their_variables_at_4_workers_and_close_cleanly(serve):
-    server = serve(REPL, workers=4)
+    server = serve(REPL, *MODE_ARGS, workers=4)
 
     async def scenario() -> None:
         results = await x_then_print_all(server.url)
@@ -211,7 +222,7 @@ async def _mcp_x_then_print(client: aiohttp.ClientSession, url: str, n: int) -> 
 
 
 async def test_mcp_sessions_keep_their_variables_at_4_workers(serve):
-    server = serve(REPL, workers=4)
+    server = serve(REPL, *MODE_ARGS, workers=4)
     async with client_session() as client:
         done = await asyncio.gather(
             *[_mcp_x_then_print(client, server.url, 2000 + i) for i in range(SESSIONS)]
@@ -239,13 +250,14 @@ async def test_mcp_sessions_keep_their_variables_at_4_workers(serve):
         assert hung.is_error and "timed out" in hung.content[0].text
 
 
-async def test_a_hanging_or_crashing_interpreter_fails_its_call_only(serve, short_tmp):
-    server = serve(REPL)  # one worker: both sessions share one event loop
-    started = os.path.join(short_tmp, "hang-started")
+async def test_a_hanging_or_crashing_interpreter_fails_its_call_only(serve):
+    server = serve(REPL, *MODE_ARGS)  # one worker: both sessions share one event loop
     async with client_session() as client:
-        _, _, hung = await run_code(client, server.url, "y = 7")
+        # The interpreter's own directory: sandboxed, it may write nowhere else of ours.
+        _, data, hung = await run_code(client, server.url, "y = 7\nimport os\nos.getcwd()")
+        started = os.path.join(ast.literal_eval(data["value"]), "hang-started")
         _, _, other = await run_code(client, server.url, "x = 0")
-        hang_code = f"open({started!r}, 'w').close()\nwhile True: pass"
+        hang_code = "open('hang-started', 'w').close()\nwhile True: pass"
         began = time.monotonic()
         hang = asyncio.create_task(run_code(client, server.url, hang_code, hung, timeout=2))
         assert await eventually(lambda: asyncio.to_thread(os.path.exists, started))
@@ -274,7 +286,7 @@ async def test_a_hanging_or_crashing_interpreter_fails_its_call_only(serve, shor
 
 
 async def test_closed_and_verified_sessions_leave_no_interpreter(serve):
-    server = serve(REPL)
+    server = serve(REPL, *MODE_ARGS)
     url = server.url
     async with client_session() as client:
         cookies = [cookie for _, cookie in [await x_then_print(client, url, n) for n in range(4)]]
@@ -312,7 +324,7 @@ async def test_closed_and_verified_sessions_leave_no_interpreter(serve):
 
 
 async def test_an_unclosed_session_is_killed_when_its_window_ends(serve):
-    server = serve(REPL, "--window", "1")
+    server = serve(REPL, "--window", "1", *MODE_ARGS)
     url = server.url
     async with client_session() as client:
         _, start, _ = await post(client, url, "/seed_session", {})
@@ -345,7 +357,7 @@ async def test_an_unclosed_session_is_killed_when_its_window_ends(serve):
 
 
 def test_without_routing_four_workers_lose_variables(serve):
-    server = serve(REPL, "--no-routing", workers=4)
+    server = serve(REPL, "--no-routing", *MODE_ARGS, workers=4)
     right = [ok for ok, _ in asyncio.run(x_then_print_all(server.url))].count(True)
     print(f"\n--no-routing, 4 workers: {right} of {SESSIONS} sessions printed their own x + 1")
     assert right < SESSIONS
