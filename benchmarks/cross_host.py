@@ -7,8 +7,9 @@ loopback:
 - a plain 2-worker server (file claims, private Unix sockets);
 - two "hosts" sharing one ``redis-server`` (``local_services.run_redis``):
   each ``gym-sessions serve envs.counter:CounterEnv --workers 2 --claims
-  redis://... --secret S``, so their 4 workers find each other's claims and
-  private TCP listeners in Redis and sign what they forward.
+  redis://...`` with the same ``GYM_SESSIONS_SECRET``, so their 4 workers
+  find each other's claims and private TCP listeners in Redis and sign what
+  they forward.
 
 Every server runs with ``--debug-worker-header``. As in ``routing_cost.py``,
 the script opens kept-alive connections until every worker accepted two
@@ -234,15 +235,11 @@ def main() -> None:
         client = redis.Redis.from_url(redis_server.url)
         stack.callback(client.close)
         secret = secrets.token_hex(32)
-        redis_args = (
-            "--claims",
-            redis_server.url,
-            "--secret",
-            secret,
-            "--debug-worker-header",
-        )
+        redis_args = ("--claims", redis_server.url, "--debug-worker-header")
         redis_servers = [
-            stack.enter_context(start_server(TARGET, *redis_args, workers=WORKERS_PER_SERVER))
+            stack.enter_context(
+                start_server(TARGET, *redis_args, workers=WORKERS_PER_SERVER, secret=secret)
+            )
             for _ in range(HOSTS)
         ]
         file_server = stack.enter_context(

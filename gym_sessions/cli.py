@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import socket
 import sys
 from collections.abc import Sequence
 
 from gym_sessions.errors import StartupError
+from gym_sessions.non_dumpable import make_process_non_dumpable
 from gym_sessions.routing.forwarder import FORWARD_TRANSPORTS
-from gym_sessions.settings import Settings
+from gym_sessions.secret_source import COMMAND_LINE_SECRET_REFUSAL, server_secret
+from gym_sessions.settings import SECRET_ENV, Settings
 
 __all__ = ["main"]
 
@@ -27,8 +28,15 @@ state is safe with any number of workers. --no-routing turns that off: only
 for servers that keep no per-session state.
 
 Several hosts behind one load balancer: run the same command on each host with
---claims redis://HOST:PORT/DB, one --secret for all, and --private-host set to
-an address the other hosts can reach; requests between hosts are signed.
+--claims redis://HOST:PORT/DB, one secret for all (--secret-file or
+$GYM_SESSIONS_SECRET), and --private-host set to an address the other hosts
+can reach; requests between hosts are signed.
+
+The secret never goes on the command line (every user can read that): put it
+in a file only you can read, at least 32 characters on one line, and pass
+--secret-file PATH:
+
+  umask 077; python -c 'import secrets; print(secrets.token_hex(32))' > secret
 """
 
 
@@ -45,8 +53,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _make_non_dumpable() -> None:
+    """Keep processes of this uid out of this process's memory (it holds the secret)."""
+    try:
+        make_process_non_dumpable()
+    except OSError as exc:
+        raise StartupError(f"cannot protect the server's memory: {exc}") from exc
+
+
 def serve(target: str, settings: Settings, log_level: str = "info") -> None:
     """Serve ``target`` with ``settings`` until interrupted (SIGINT/SIGTERM).
+
+    This process and every worker are non-dumpable (`gym_sessions.non_dumpable`):
+    they hold the secret. Workers receive ``settings`` through uvicorn's
+    spawn pipe (`WorkerConfig`), never through their environment or argv.
 
     Raises:
         StartupError: the target is bad or the address cannot be bound.
@@ -57,8 +77,9 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
     from gym_sessions.routing.runtime_dir import RuntimeDirectory
     from gym_sessions.server.base import SessionServer
     from gym_sessions.server.targets import load_target
-    from gym_sessions.server.worker import WORKER_ENV, app_from_environment, worker_environment
+    from gym_sessions.server.worker import WorkerConfig, WorkerSpec
 
+    _make_non_dumpable()  # again for callers from Python; main() did it before reading the secret
     served = load_target(target)  # fail here, with one clear line, rather than in every worker
     if isinstance(served, SessionServer):
         served.check_settings(settings)
@@ -72,10 +93,8 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
     runtime_dir = RuntimeDirectory.create() if file_routed else None
     if runtime_dir is not None:
         settings = settings.replace(runtime_dir=runtime_dir.path)
-    os.environ[WORKER_ENV] = worker_environment(target, settings)
-    config = uvicorn.Config(
-        "gym_sessions.server.worker:app_from_environment",
-        factory=True,
+    config = WorkerConfig(
+        WorkerSpec(target, settings),
         workers=settings.workers,
         host=settings.host,
         port=port,
@@ -96,8 +115,7 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
         if settings.workers > 1:
             Multiprocess(config, sockets=[sock]).run()
         else:
-            config.app = app_from_environment()
-            config.factory = False
+            config.load()  # builds the app here, so its errors surface as they do with workers
             uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
@@ -128,8 +146,13 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--host", default="127.0.0.1")
     serve_cmd.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve_cmd.add_argument(
-        "--secret", help="signs cookies and tokens (default: $GYM_SESSIONS_SECRET, else random)"
+        "--secret-file",
+        metavar="PATH",
+        help="file holding the secret that signs cookies and tokens: mode 0600, one line of at "
+        f"least 32 characters (default: ${SECRET_ENV}, else random per start)",
     )
+    # Kept only to refuse it with a pointer to the two ways that keep the secret secret.
+    serve_cmd.add_argument("--secret", dest="command_line_secret", help=argparse.SUPPRESS)
     serve_cmd.add_argument(
         "--window",
         type=float,
@@ -152,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
         default="file",
         metavar="STORE",
         help="claim store: 'file' (one host, default) or redis://HOST:PORT/DB for several "
-        "hosts behind a load balancer (needs --secret or $GYM_SESSIONS_SECRET, the same on "
+        f"hosts behind a load balancer (needs --secret-file or ${SECRET_ENV}, the same on "
         "every host)",
     )
     serve_cmd.add_argument(
@@ -195,8 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "serve":
-            overrides = {"secret": args.secret} if args.secret else {}
+            if args.command_line_secret is not None:
+                raise StartupError(COMMAND_LINE_SECRET_REFUSAL)
+            _make_non_dumpable()  # before the secret is read into this process
             settings = Settings(
+                secret=server_secret(args.secret_file) or "",  # "": random per start
                 host=args.host,
                 port=args.port,
                 workers=args.workers,
@@ -208,7 +234,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 private_host=args.private_host,
                 trust_session_ids=args.trust_session_ids,
                 unsandboxed=args.unsandboxed,
-                **overrides,
             )
             serve(args.target, settings, args.log_level)
         else:

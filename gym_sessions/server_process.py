@@ -3,7 +3,8 @@
 The demo, the tests, the benchmarks and the notebooks all start real servers
 this way. Each server gets its own short temporary directory as ``TMPDIR``, so
 its runtime directory (claims and private sockets) is easy to find and Unix
-socket paths stay under their length limit.
+socket paths stay under their length limit. A secret reaches the server in
+its environment (``GYM_SESSIONS_SECRET``), never on its command line.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gym_sessions.settings import SECRET_ENV
 
 __all__ = ["ServerProcess", "registered_workers", "start_server", "wait_for_registrations"]
 
@@ -111,8 +115,14 @@ def start_server(
     tmpdir: str | None = None,
     ready_timeout: float = 60.0,
     env: dict[str, str] | None = None,
+    secret: str | None = None,
+    launcher: Sequence[str] = (),
 ) -> ServerProcess:
     """Start ``gym-sessions serve TARGET --port 0 --workers N ARGS`` and wait until it serves.
+
+    ``secret`` (at least 32 characters) goes to the server as ``$GYM_SESSIONS_SECRET``.
+    ``launcher`` is a command the server runs under, which must exec it in its
+    own process (``setpriv ...``, say), so `ServerProcess.process` is the server.
 
     Ready means the listening line was printed, ``/health`` answers and, when
     routing with file claims, every worker's private socket exists. (With
@@ -127,6 +137,7 @@ def start_server(
     os.makedirs(tmpdir, exist_ok=True)
     log_path = os.path.join(tmpdir, "server.log")
     command = [
+        *launcher,
         sys.executable,
         "-m",
         "gym_sessions",
@@ -141,6 +152,8 @@ def start_server(
         *args,
     ]
     child_env = {**os.environ, **(env or {}), "TMPDIR": tmpdir, "PYTHONUNBUFFERED": "1"}
+    if secret is not None:
+        child_env[SECRET_ENV] = secret
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env)
     server = ServerProcess(process, "", tmpdir, log_path, owns_tmpdir)

@@ -1,34 +1,74 @@
-"""Entry point of a worker process started by uvicorn's multi-process supervisor.
+"""What a server process runs: the app of one target with its settings.
 
-The supervisor (``gym-sessions serve``) puts the target and the settings,
-including the secret and the runtime directory, in ``GYM_SESSIONS_WORKER``;
-uvicorn imports `app_from_environment` in every worker, replacements included.
+The supervisor (``gym-sessions serve``) builds one `WorkerConfig`, a uvicorn
+``Config`` that carries the target and the settings (the secret and the
+runtime directory included). uvicorn starts each worker, replacements of dead
+workers too, as a ``multiprocessing`` *spawn* child and hands it that config
+object pickled through a pipe: the secret is never in a worker's environment,
+in its command line or in a file. Each worker makes itself non-dumpable as it
+receives the config, so other processes of its uid cannot read it back from
+the worker's memory. With one worker the supervisor serves the same config
+in-process.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+import uvicorn
+
+from gym_sessions.non_dumpable import make_process_non_dumpable
 from gym_sessions.server.app import create_app
 from gym_sessions.server.targets import load_target
 from gym_sessions.settings import Settings
 
-__all__ = ["WORKER_ENV", "app_from_environment", "worker_environment"]
-
-WORKER_ENV = "GYM_SESSIONS_WORKER"
+__all__ = ["WorkerConfig", "WorkerSpec", "build_app"]
 
 
-def worker_environment(target: str, settings: Settings) -> str:
-    """The ``GYM_SESSIONS_WORKER`` value handing ``target`` and ``settings`` to workers."""
-    return json.dumps({"target": target, "settings": json.loads(settings.to_json())})
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every worker of one server serves.
+
+    Attributes:
+        target: A registered Gymnasium id or ``module:attr`` (see `load_target`).
+        settings: The server's settings, the secret included.
+    """
+
+    target: str
+    settings: Settings  # its repr leaves the secret out
 
 
-def app_from_environment():  # type: ignore[no-untyped-def]
-    """Build this worker's app from ``GYM_SESSIONS_WORKER`` (a uvicorn app factory)."""
-    spec = json.loads(os.environ[WORKER_ENV])
-    served = load_target(spec["target"])
-    settings = Settings(**spec["settings"])
+def build_app(spec: WorkerSpec) -> Callable[..., Any]:
+    """The ASGI app serving ``spec.target`` with ``spec.settings`` in this process."""
+    served = load_target(spec.target)
     if callable(served) and not hasattr(served, "bind"):
         return served  # an ASGI app served as it is
-    return create_app(served, settings)
+    return create_app(served, spec.settings)
+
+
+class WorkerConfig(uvicorn.Config):
+    """A uvicorn ``Config`` whose app is built from a `WorkerSpec` it carries.
+
+    uvicorn pickles its config into every worker it starts, so the spec
+    travels with it and a replacement worker gets the same one.
+    """
+
+    def __init__(self, spec: WorkerSpec, **options: Any) -> None:
+        # `load_app` below supplies the app; `build_app` here only names it.
+        super().__init__(build_app, factory=True, **options)
+        self.spec = spec
+
+    def load_app(self) -> Callable[[], Callable[..., Any]]:
+        """The app factory uvicorn calls (``factory=True``): `build_app` of this config's spec."""
+        return functools.partial(build_app, self.spec)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Runs only when a worker unpickles the config uvicorn sent it: the
+        # earliest point where gym-sessions code runs in a worker, before the
+        # app is built and before any request. execve reset the flag the
+        # supervisor set, so the worker sets its own.
+        make_process_non_dumpable()
+        self.__dict__.update(state)

@@ -99,9 +99,8 @@ def stack(request) -> Iterator[Stack]:
                 kind: pool.submit(
                     start_server,
                     target,
-                    "--secret",
-                    SECRET,
                     workers=workers,
+                    secret=SECRET,
                     tmpdir=os.path.join(tmp, kind),
                 )
                 for kind, target in targets.items()
@@ -260,11 +259,13 @@ async def healthy_episode(client: aiohttp.ClientSession, stack: Stack, kind: str
         for code in ("x = 41", "print(x + 1)"):
             reply = await send(client, "POST", url + "/run_code", dump({"code": code}), headers)
             assert reply.status == 200 and reply.json["error"] is None, reply.raw
-        headers["x-gym-close-follows"] = "1"
-        reply = await send(client, "POST", url + "/verify", b"{}", headers)
-        assert reply.status == 200 and reply.json["reward"] == 1.0, reply.raw
         reply = await send(
-            client, "POST", url + "/close_session", dump({"resources_session_id": sid})
+            client, "POST", url + "/verify", b"{}", {**headers, "x-gym-close-follows": "1"}
+        )
+        assert reply.status == 200 and reply.json["reward"] == 1.0, reply.raw
+        # The close carries the cookie: an id alone reaches no session it did not start.
+        reply = await send(
+            client, "POST", url + "/close_session", dump({"resources_session_id": sid}), headers
         )
         assert reply.status == 200 and reply.json["outcome"] == "closed"
 
@@ -326,14 +327,16 @@ def _forged_token(kind: str, ctx: Ctx) -> str:
     if kind == "truncated":
         assert own and own.token
         return own.token[: len(own.token) - 3]
-    if kind == "other-key":
+    if kind == "other-key":  # the session's own token, minted with another key
         assert own
-        return OTHER_KEY.mint_token(own.sid)
+        token = CREDENTIALS.read_token(own.token)
+        assert token is not None
+        return OTHER_KEY.mint_token(own.sid, token.incarnation)
     if kind == "cookie":  # a cookie is no token
         assert own
         return own.cookie
     if kind == "path-id":  # correctly signed, but naming no valid session
-        return CREDENTIALS.mint_token("../../x")
+        return CREDENTIALS.mint_token("../../x", "any-incarnation")
     if kind == "huge":
         return "T" * 60_000  # under max_header_bytes: junk, treated as absent
     raise AssertionError(kind)
@@ -480,6 +483,7 @@ FORGED_COOKIES = (
 STEP_1 = call("step", {"action": 1})
 NOT_FOUND, NO_EPISODE, CONFLICT = "404 not_found", "404 no_open_episode", "409 session_conflict"
 NOT_ALLOWED, BAD_JSON, OK = "405 method_not_allowed", "400 invalid_json", "200"
+FORBIDDEN = "403 forbidden"
 
 # fmt: off
 ENV_CASES: list[Case] = [
@@ -517,8 +521,10 @@ ENV_CASES: list[Case] = [
     ],
     *[
         E(f"step-token-{kind}", "POST /step", b'{"action": 1}', NO_EPISODE, token=kind)
-        for kind in ("garbage", "truncated", "other-key", "cookie", "path-id", "huge")
+        for kind in ("garbage", "truncated", "other-key", "cookie", "huge")
     ],
+    # A correctly signed token is one, and a token reaches only MCP tool calls.
+    E("step-token-path-id", "POST /step", b'{"action": 1}', FORBIDDEN, token="path-id"),
     # The cookie names the session; another session's token beside it changes nothing.
     E("step-own-cookie-other-token", "POST /step", b'{"action": 1}', OK, cookie="own",
       token="other", check=_own_state),
@@ -560,15 +566,17 @@ ENV_CASES: list[Case] = [
             # Cookie or token and body naming different sessions.
             E(f"{r}-cookie-vs-body", route, _other_id("resources_session_id"), CONFLICT,
               cookie="own"),
-            E(f"{r}-token-vs-body", route, _other_id("resources_session_id"), CONFLICT,
+            # A token reaches only MCP tool calls.
+            E(f"{r}-token-vs-body", route, _other_id("resources_session_id"), FORBIDDEN,
               token="own"),
             # Forged cookies are ignored: the start names a new session, or the body's.
             E(f"{r}-forged-cookie", route, b"{}", OK, cookie="other-key",
               check=_new_session_named),
             E(f"{r}-path-id-cookie", route, b"{}", OK, cookie="path-id",
               check=_new_session_named),
-            E(f"{r}-path-id-cookie-body-id", route, b'{"resources_session_id": "good-1.x"}',
-              OK, cookie="path-id", check=_named("good-1.x")),
+            # An id per route: a second start of an open id needs its cookie or key.
+            E(f"{r}-path-id-cookie-body-id", route, dump({"resources_session_id": f"good-1.{r}"}),
+              OK, cookie="path-id", check=_named(f"good-1.{r}")),
         )
     ],
     # /verify
@@ -655,9 +663,9 @@ ENV_CASES: list[Case] = [
           token=kind)
         for kind in (None, "garbage", "truncated", "other-key", "cookie", "huge")
     ],
-    E("mcp-token-of-another-session", "POST /mcp", STEP_1, "409 -32001 session_conflict",
+    E("mcp-token-of-another-session", "POST /mcp", STEP_1, "401 -32001 invalid_token",
       cookie="own", token="other"),
-    E("mcp-token-naming-a-path", "POST /mcp", STEP_1, "409 -32001 session_conflict",
+    E("mcp-token-naming-a-path", "POST /mcp", STEP_1, "401 -32001 invalid_token",
       token="path-id"),
     # Unknown routes and methods.
     E("unknown-route", "GET /nope", None, NOT_FOUND),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -96,6 +97,16 @@ def test_serve_help_explains_routing_between_workers(short_tmp: str):
     assert "--workers" in text
     assert "routed to the worker" in text
     assert "--no-routing" in text
+
+
+def test_serve_help_offers_a_secret_file_and_no_command_line_secret(short_tmp: str):
+    result = run_cli(Path(short_tmp), "serve", "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "--secret-file PATH" in text and "$GYM_SESSIONS_SECRET" in text
+    assert "umask 077" in text  # how to make a secret file
+    # --secret is still parsed, only to refuse it (test_secrets.py); --help hides it.
+    assert re.search(r"--secret(?!-file)", text) is None
 
 
 def test_one_worker_serves_without_a_runtime_directory(serve):

@@ -1,10 +1,10 @@
 """Two "hosts" behind nginx round robin, claims in one real redis-server.
 
-Each host is its own ``gym-sessions serve --workers 2 --claims redis://...``
-process group with its own port and temporary directory; they share nothing
-but Redis and the secret. nginx sends each request to the next host in turn,
-and every request is on a new connection, so most requests of an episode land
-on a worker that does not hold its session.
+Each host is its own ``gym-sessions serve --workers 2 --claims redis://...
+--secret-file PATH`` process group with its own port and temporary directory;
+they share nothing but Redis and the secret (one 0600 file). nginx sends each
+request to the next host in turn, and every request is on a new connection, so
+most requests of an episode land on a worker that does not hold its session.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import redis
 from envs.counter_load import Episode, client_session, make_episodes, play, play_all
 from gym_sessions.local_services import NginxProcess, RedisProcess, free_port
 from gym_sessions.routing.redis_claims import RedisClaimStore
+from gym_sessions.secret_source import write_secret_file
 from gym_sessions.server_process import ServerProcess, registered_workers, wait_for_registrations
 
 from ..conftest import require_or_skip
@@ -62,7 +63,7 @@ class Deployment:
 
 
 @pytest.fixture
-def deploy(serve, redis_server) -> Iterator[Callable[..., Deployment]]:
+def deploy(serve, redis_server, tmp_path) -> Iterator[Callable[..., Deployment]]:
     """``deploy(*args)``: two hosts started with ``args`` and nginx round robin in front."""
     require_or_skip("nginx", "nginx")
     proxies: list[NginxProcess] = []
@@ -70,7 +71,7 @@ def deploy(serve, redis_server) -> Iterator[Callable[..., Deployment]]:
     def _deploy(*args: str, routed: bool = True) -> Deployment:
         claims = ("--claims", redis_server.url) if routed else ("--no-routing",)
         hosts = [
-            serve(COUNTER, *claims, "--secret", secret, "--window", WINDOW, *args,
+            serve(COUNTER, *claims, "--secret-file", secret_file, "--window", WINDOW, *args,
                   workers=WORKERS_PER_HOST)
             for _ in range(2)
         ]  # fmt: skip
@@ -81,7 +82,8 @@ def deploy(serve, redis_server) -> Iterator[Callable[..., Deployment]]:
         deployment.nginx.start()
         return deployment
 
-    secret = secrets.token_hex(32)
+    secret_file = str(tmp_path / "secret")
+    write_secret_file(secret_file, secrets.token_hex(32))
     yield _deploy
     for proxy in proxies:
         proxy.close()
@@ -214,9 +216,9 @@ def test_stopping_one_host_gives_its_sessions_410_and_the_other_hosts_finish(dep
 
 def test_unreachable_redis_at_start_up_is_one_error_line(short_tmp):
     url = f"redis://127.0.0.1:{free_port()}/0"
+    env = {**os.environ, "GYM_SESSIONS_SECRET": secrets.token_hex(32)}
     code, _, stderr = run_module(
-        "serve", COUNTER, "--port", "0", "--claims", url, "--secret", "s", timeout=60,
-        cwd=short_tmp,
+        "serve", COUNTER, "--port", "0", "--claims", url, timeout=60, cwd=short_tmp, env=env,
     )  # fmt: skip
     assert code == 2
     assert (
@@ -233,7 +235,7 @@ def test_redis_claims_without_a_shared_secret_refuse_to_start(short_tmp, redis_s
         cwd=short_tmp, env=env,
     )  # fmt: skip
     assert code == 2
-    assert "--secret" in stderr and "GYM_SESSIONS_SECRET" in stderr
+    assert "--secret-file" in stderr and "GYM_SESSIONS_SECRET" in stderr
 
 
 def test_redis_lost_while_serving_gives_503_then_service_resumes(deploy):

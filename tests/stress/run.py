@@ -96,9 +96,11 @@ def run_multihost_suite(
     rows: list[Row] = []
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(run_redis())
-        args = ("--window", str(window), "--claims", store.url, "--secret", secret)
+        args = ("--window", str(window), "--claims", store.url)
         hosts = [
-            stack.enter_context(start_server(ENV_TARGET, *args, workers=workers_per_host))
+            stack.enter_context(
+                start_server(ENV_TARGET, *args, workers=workers_per_host, secret=secret)
+            )
             for _ in range(2)
         ]
         wait_for_registrations(store.url, 2 * workers_per_host)
