@@ -24,6 +24,7 @@
           ├── InternalServerError       500 internal_error
           ├── BadGatewayError           502 bad_gateway
           ├── CapacityReachedError      503 capacity_reached
+          ├── OverloadedError           503 overloaded
           └── ClaimsUnavailableError    503 claims_unavailable
 
 The server raises these and `error_response` renders them as
@@ -33,6 +34,7 @@ into the same class with `error_from_body`, so both sides share one mapping.
 
 from __future__ import annotations
 
+import errno
 import json
 from typing import Any, ClassVar
 
@@ -55,6 +57,7 @@ __all__ = [
     "MethodNotAllowedError",
     "NoOpenEpisodeError",
     "NotFoundError",
+    "OverloadedError",
     "ReplyTimeoutError",
     "RequestTimeoutError",
     "ServerUnreachableError",
@@ -67,6 +70,7 @@ __all__ = [
     "error_from_body",
     "error_headers",
     "jsonrpc_error_body",
+    "out_of_resources",
 ]
 
 
@@ -200,6 +204,13 @@ class CapacityReachedError(HTTPError):
     retry_after = 5
 
 
+class OverloadedError(HTTPError):
+    """The worker is short of a resource for now (request-body memory, file descriptors)."""
+
+    status, code = 503, "overloaded"
+    retry_after = 1
+
+
 class ClaimsUnavailableError(HTTPError):
     """The claim store (Redis) cannot be reached: nobody can tell which worker holds a session."""
 
@@ -219,6 +230,14 @@ _BY_CODE: dict[str, type[HTTPError]] = {cls.code: cls for cls in _all_http_error
 _BY_STATUS: dict[int, type[HTTPError]] = {
     cls.status: cls for cls in _all_http_errors(HTTPError) if cls.__base__ is HTTPError
 }
+
+
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def out_of_resources(exc: OSError) -> bool:
+    """Whether ``exc`` says this process is short of descriptors or memory (not a peer's fault)."""
+    return exc.errno in _RESOURCE_ERRNOS
 
 
 def error_headers(error: HTTPError) -> list[tuple[bytes, bytes]]:

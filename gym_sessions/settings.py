@@ -59,7 +59,11 @@ class Settings:
         routes_sessions_to_owner: Route each request to the worker that holds its
             session (only matters with several workers).
         checkpoint_session_starts: Paths (without rollout prefix) that start a session.
-        max_body_bytes: Larger request bodies get 413.
+        max_body_bytes: Larger request bodies get 413. 16 MiB: parsing JSON
+            takes up to ~25 times a body's size (README "Limits").
+        max_inflight_body_bytes: Bytes of request bodies one worker holds at
+            once (from the first byte to the reply); a body that does not fit
+            waits up to 2 s, then gets 503 ``overloaded``.
         max_header_bytes: Requests whose headers add up to more get 431.
         body_read_timeout_seconds: A request body that stalls longer than this
             between two chunks gets 408 (a slow client cannot hold a worker's
@@ -99,7 +103,8 @@ class Settings:
     session_close_retry_window_seconds: float = 300.0
     routes_sessions_to_owner: bool = True
     checkpoint_session_starts: tuple[str, ...] = ("/seed_session", "/reset")
-    max_body_bytes: int = 64 * _MIB
+    max_body_bytes: int = 16 * _MIB
+    max_inflight_body_bytes: int = 32 * _MIB
     max_header_bytes: int = 64 * 1024
     body_read_timeout_seconds: float = 60.0
     claims: str = "file"
@@ -126,6 +131,10 @@ class Settings:
             raise ValueError("session_idle_timeout must be 0 (never) or positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be positive")
+        if self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                "max_inflight_body_bytes must be at least max_body_bytes (one body must fit)"
+            )
         if self.forward_transport not in FORWARD_TRANSPORTS:
             raise ValueError(f"forward_transport must be one of {FORWARD_TRANSPORTS}")
         if not self.claims.startswith(_CLAIM_STORES):

@@ -25,7 +25,10 @@ import contextlib
 import hashlib
 import os
 import secrets
+from collections.abc import Iterator
 from typing import Protocol
+
+from gym_sessions.errors import OverloadedError, out_of_resources
 
 __all__ = ["ClaimStore", "FileClaimStore", "LocalClaimStore", "claim_name"]
 
@@ -65,6 +68,18 @@ class ClaimStore(Protocol):
         """
 
 
+@contextlib.contextmanager
+def _overloaded_on_exhaustion() -> Iterator[None]:
+    # Out of descriptors (EMFILE) is a passing state of this worker: a JSON 503
+    # the client may retry, never a crash or a plain-text 500.
+    try:
+        yield
+    except OSError as exc:
+        if out_of_resources(exc):
+            raise OverloadedError(f"this worker is short of resources: {exc.strerror}") from exc
+        raise
+
+
 def claim_name(session_id: str) -> str:
     """A claim's name in a store: a hash, so no id can name a path or a key pattern."""
     return hashlib.sha256(session_id.encode()).hexdigest()
@@ -84,10 +99,12 @@ class FileClaimStore:
         return os.path.join(self.claims_dir, claim_name(session_id))
 
     async def create(self, session_id: str, *, restoring: bool = False) -> str | None:
-        return self.create_now(session_id)
+        with _overloaded_on_exhaustion():
+            return self.create_now(session_id)
 
     async def read(self, session_id: str) -> str | None:
-        return self.read_now(session_id)
+        with _overloaded_on_exhaustion():
+            return self.read_now(session_id)
 
     async def remove(self, session_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):

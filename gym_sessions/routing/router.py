@@ -24,6 +24,7 @@ nothing, so ids, cookies, conflicts and lifetimes behave the same.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Collection
@@ -38,13 +39,17 @@ from gym_sessions.errors import (
     ForbiddenError,
     HeadersTooLargeError,
     HTTPError,
+    InternalServerError,
+    OverloadedError,
     RequestTimeoutError,
     SessionConflictError,
     SessionGoneError,
     error_body,
     error_headers,
     jsonrpc_error_body,
+    out_of_resources,
 )
+from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder
 from gym_sessions.routing.owned_claims import OwnedClaims
@@ -66,6 +71,8 @@ from gym_sessions.routing.session_ids import (
 
 __all__ = ["FORWARDED_BY_HEADER", "NO_ROOM_HEADER", "WORKER_HEADER", "SessionRouter", "send_error"]
 
+logger = logging.getLogger("gym_sessions.routing")
+
 WORKER_HEADER = b"x-gym-worker"
 FORWARDED_BY_HEADER = b"x-gym-forwarded-by"
 #: On a private hop's 503: this worker is full, ask another (never reaches a client).
@@ -80,7 +87,7 @@ class _ClientDisconnected(Exception):
 # is not read: close the connection with the reply. (A body
 # that is too large still arrives; uvicorn reads and drops it, and closing early
 # would reset the connection before the client reads the 413.)
-_UNREAD_BODY_ERRORS = (RequestTimeoutError, ForbiddenError)
+_UNREAD_BODY_ERRORS = (RequestTimeoutError, ForbiddenError, OverloadedError)
 
 
 async def send_error(send: Send, error: HTTPError, *, jsonrpc: bool = False) -> None:
@@ -97,10 +104,17 @@ async def send_error(send: Send, error: HTTPError, *, jsonrpc: bool = False) -> 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int, stall_seconds: float) -> bytes:
+async def _read_body(
+    scope: Scope, receive: Receive, limit: int, stall_seconds: float, ticket: BodyTicket
+) -> bytes:
+    declared = None
     for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > limit:
-            raise BodyTooLargeError(f"request body is larger than {limit} bytes")
+        if name == b"content-length" and value.isdigit():
+            declared = int(value)
+            if declared > limit:
+                raise BodyTooLargeError(f"request body is larger than {limit} bytes")
+    if declared:
+        await ticket.take(declared)  # room first: a body that cannot fit is never read
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -118,6 +132,8 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, stall_seconds: 
             size += len(chunk)
             if size > limit:
                 raise BodyTooLargeError(f"request body is larger than {limit} bytes")
+            if size > ticket.size:  # chunked, or more than declared
+                await ticket.take(size - ticket.size)
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
@@ -156,6 +172,8 @@ class SessionRouter:
             reaches it (see `SessionAccess`).
         worker_ids: Lists every worker a full worker may hand a session start
             to (``--max-sessions``).
+        body_budget: Bytes of request bodies this worker holds at once
+            (``--max-inflight-body-bytes``).
     """
 
     def __init__(
@@ -176,8 +194,10 @@ class SessionRouter:
         forward_signer: ForwardSigner | None = None,
         trust_session_ids: bool = False,
         worker_ids: Callable[[], Awaitable[list[str]]] | None = None,
+        body_budget: BodyBudget | None = None,
     ) -> None:
         self.app = app
+        self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
         self.worker_ids = worker_ids or _no_workers
         self.access = SessionAccess(credentials, trust_session_ids)
         self.sources = sources
@@ -199,6 +219,26 @@ class SessionRouter:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        ticket = self.body_budget.ticket()
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, send_tracked, ticket)
+        except Exception as exc:
+            if started:
+                raise  # uvicorn closes the connection of a reply it cannot finish
+            # Never uvicorn's plain-text 500: a JSON error, the worker carries on.
+            logger.exception("unexpected failure routing %s %s", scope["method"], scope["path"])
+            await self._send_error(scope, send, _unexpected(exc))
+        finally:
+            ticket.release()
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, ticket: BodyTicket) -> None:
         private = scope.get(PRIVATE_SCOPE_KEY, False)
         try:
             _check_header_size(scope, self.max_header_bytes)
@@ -207,7 +247,7 @@ class SessionRouter:
                 # Before the body: an unsigned request costs the listener no body.
                 signed_digest = self.forward_signer.verify_head(scope, self.claims.worker_id)
             body = await _read_body(
-                scope, receive, self.max_body_bytes, self.body_read_timeout_seconds
+                scope, receive, self.max_body_bytes, self.body_read_timeout_seconds, ticket
             )
             if signed_digest is not None:
                 self.forward_signer.verify_body(signed_digest, body)
@@ -461,6 +501,12 @@ def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
 
 async def _no_workers() -> list[str]:
     return []
+
+
+def _unexpected(exc: Exception) -> HTTPError:
+    if isinstance(exc, OSError) and out_of_resources(exc):
+        return OverloadedError(f"this worker is short of resources: {exc.strerror}")
+    return InternalServerError(f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _no_room() -> CapacityReachedError:

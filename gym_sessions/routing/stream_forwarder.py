@@ -19,7 +19,7 @@ from typing import Any
 import httptools
 from starlette.types import Scope, Send
 
-from gym_sessions.errors import BadGatewayError
+from gym_sessions.errors import BadGatewayError, OverloadedError, out_of_resources
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import (
     claimant_gone,
@@ -33,6 +33,9 @@ __all__ = ["StreamForwarder"]
 
 _READ_SIZE = 256 * 1024
 _MAX_IDLE_PER_CLAIMANT = 64
+# A pooled connection unused this long is closed (well before the private
+# listener's own keep-alive would close it from its side).
+_IDLE_CLOSE_SECONDS = 15.0
 _BROKEN = (OSError, EOFError, httptools.HttpParserError)
 _JOIN_BELOW = 64 * 1024
 
@@ -71,8 +74,15 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+    def cancel_idle_timer(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
 
     def close(self) -> None:
+        self.cancel_idle_timer()
         self.writer.close()
 
 
@@ -93,6 +103,7 @@ class StreamForwarder:
         idle = self._idle.get(worker_id)
         while idle:
             connection = idle.pop()
+            connection.cancel_idle_timer()
             if not connection.reader.at_eof() and not connection.writer.is_closing():
                 return connection, True
             connection.close()
@@ -101,6 +112,10 @@ class StreamForwarder:
         except TimeoutError as exc:  # no answer: slow or unreachable, not known gone
             raise BadGatewayError(f"worker {worker_id} did not accept a connection") from exc
         except OSError as exc:  # refused, gone, or unregistered
+            if out_of_resources(exc):  # our shortage, not the claimant's death
+                raise OverloadedError(
+                    f"this worker is short of resources to reach worker {worker_id}: {exc.strerror}"
+                ) from exc
             self._drop_pool(worker_id)
             raise claimant_gone(worker_id) from exc
         return _Connection(reader, writer), False
@@ -109,8 +124,21 @@ class StreamForwarder:
         idle = self._idle.setdefault(worker_id, deque())
         if len(idle) < _MAX_IDLE_PER_CLAIMANT:
             idle.append(connection)
+            # After a burst the pool shrinks back: descriptors return to their baseline.
+            loop = asyncio.get_running_loop()
+            connection.idle_timer = loop.call_later(
+                _IDLE_CLOSE_SECONDS, self._close_idle, worker_id, connection
+            )
         else:
             connection.close()
+
+    def _close_idle(self, worker_id: str, connection: _Connection) -> None:
+        idle = self._idle.get(worker_id)
+        if idle is not None and connection in idle:
+            idle.remove(connection)
+            if not idle:
+                del self._idle[worker_id]
+        connection.close()
 
     def _drop_pool(self, worker_id: str) -> None:
         for connection in self._idle.pop(worker_id, ()):

@@ -15,6 +15,8 @@ import asyncio
 import socket
 from typing import TYPE_CHECKING, Protocol
 
+from gym_sessions.errors import out_of_resources
+
 if TYPE_CHECKING:
     from gym_sessions.routing.redis_claims import WorkerRegistry
     from gym_sessions.routing.runtime_dir import RuntimeDirectory
@@ -102,7 +104,7 @@ async def _accepts(opening: object) -> bool:
         _, writer = await opening  # type: ignore[misc]
     except TimeoutError:
         return True  # not known to be gone: the caller answers 502, not 410
-    except OSError:
-        return False
+    except OSError as exc:
+        return out_of_resources(exc)  # our shortage says nothing about the worker
     writer.close()
     return True

@@ -32,6 +32,7 @@ from gym_sessions.errors import (
     error_body,
     error_headers,
 )
+from gym_sessions.routing.body_budget import BodyBudget
 from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, make_forwarder
@@ -181,6 +182,7 @@ class WorkerApp:
             forward_signer=self.forward_signer,
             trust_session_ids=settings.trust_session_ids,
             worker_ids=endpoints.worker_ids if endpoints is not None else None,
+            body_budget=BodyBudget(settings.max_inflight_body_bytes),
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
