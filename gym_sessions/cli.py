@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import socket
 import sys
@@ -76,6 +77,7 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
 
     from gym_sessions.routing.runtime_dir import RuntimeDirectory
     from gym_sessions.server.base import SessionServer
+    from gym_sessions.server.http_protocol import BoundedHttpProtocol
     from gym_sessions.server.targets import load_target
     from gym_sessions.server.worker import WorkerConfig, WorkerSpec
 
@@ -95,6 +97,11 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
         settings = settings.replace(runtime_dir=runtime_dir.path)
     config = WorkerConfig(
         WorkerSpec(target, settings),
+        http=functools.partial(
+            BoundedHttpProtocol,
+            max_head_bytes=settings.max_header_bytes,
+            head_timeout=settings.header_timeout,
+        ),
         workers=settings.workers,
         host=settings.host,
         port=port,
@@ -184,6 +191,46 @@ def _parser() -> argparse.ArgumentParser:
         help="with Redis claims: the address other hosts reach this host's workers on "
         "(each worker listens on a port of its own there; default 127.0.0.1)",
     )
+    limits = serve_cmd.add_argument_group("limits (README 'Limits')")
+    limits.add_argument(
+        "--max-sessions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="open sessions per worker; a start on a full worker goes to one with room, 503 "
+        "capacity_reached when all are full (default 0: no limit)",
+    )
+    limits.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="close an open session with no request for this long; its next request gets 410 "
+        "session_expired (default 3600; 0: never)",
+    )
+    limits.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        metavar="BYTES",
+        help="larger request bodies get 413 (default 16 MiB)",
+    )
+    limits.add_argument(
+        "--max-inflight-body-bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        metavar="BYTES",
+        help="request-body bytes one worker holds at once; beyond, a body waits up to 2 s, then "
+        "503 overloaded (default 32 MiB)",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a request head not complete this long after it began gets 408 and is closed "
+        "(default 30)",
+    )
     serve_cmd.add_argument(
         "--trust-session-ids",
         action="store_true",
@@ -234,6 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 private_host=args.private_host,
                 trust_session_ids=args.trust_session_ids,
                 unsandboxed=args.unsandboxed,
+                max_sessions=args.max_sessions,
+                session_idle_timeout=args.session_idle_timeout,
+                max_body_bytes=args.max_body_bytes,
+                max_inflight_body_bytes=args.max_inflight_body_bytes,
+                header_timeout=args.header_timeout,
             )
             serve(args.target, settings, args.log_level)
         else:

@@ -64,7 +64,10 @@ class Settings:
         max_inflight_body_bytes: Bytes of request bodies one worker holds at
             once (from the first byte to the reply); a body that does not fit
             waits up to 2 s, then gets 503 ``overloaded``.
-        max_header_bytes: Requests whose headers add up to more get 431.
+        max_header_bytes: A request head (request line and headers) larger than
+            this gets 431 as soon as it crosses the limit, and its connection closes.
+        header_timeout: A request head not complete this many seconds after it
+            began (or a new connection silent that long) gets 408 and is closed.
         body_read_timeout_seconds: A request body that stalls longer than this
             between two chunks gets 408 (a slow client cannot hold a worker's
             memory and a claim's in-flight count forever).
@@ -106,6 +109,7 @@ class Settings:
     max_body_bytes: int = 16 * _MIB
     max_inflight_body_bytes: int = 32 * _MIB
     max_header_bytes: int = 64 * 1024
+    header_timeout: float = 30.0
     body_read_timeout_seconds: float = 60.0
     claims: str = "file"
     private_host: str = "127.0.0.1"
@@ -125,6 +129,8 @@ class Settings:
             object.__setattr__(self, "secret", self._default_secret())
         if self.session_close_retry_window_seconds <= 0:
             raise ValueError("session_close_retry_window_seconds must be positive")
+        if self.header_timeout <= 0:
+            raise ValueError("header_timeout must be positive")
         if self.max_sessions < 0:
             raise ValueError("max_sessions must be 0 (no limit) or positive")
         if self.session_idle_timeout < 0:

@@ -1,0 +1,125 @@
+"""`BoundedHttpProtocol`: uvicorn's httptools protocol with request heads bounded as they arrive.
+
+uvicorn buffers a request's head until it is complete, with no limit on its
+size and no timeout: one 128 MiB header value cost a worker 15 s of CPU
+(quadratic) and a head that never ends held its memory and connection forever.
+This protocol counts the bytes of a head while it arrives and, at the moment
+they cross ``max_head_bytes``, answers 431 ``headers_too_large`` and closes the
+connection without reading the rest; a head not complete within
+``head_timeout`` seconds of its first byte (or a new connection that sends
+nothing for that long) is answered 408 ``request_timeout`` (nothing, if it sent
+nothing) and closed. A worker then holds at most ``max_head_bytes`` plus one
+read (256 KiB) per connection, and parses each byte once.
+
+Everything after the head (bodies, replies, keep-alive, pipelining) is
+uvicorn's own. The router still checks the parsed head's size (431) for
+requests that reach it by other paths (the private listeners).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gym_sessions.errors import (
+    HeadersTooLargeError,
+    HTTPError,
+    RequestTimeoutError,
+    error_body,
+)
+
+__all__ = ["BoundedHttpProtocol"]
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools HTTP/1.1 protocol with bounded request heads.
+
+    Args:
+        *args: As for uvicorn's ``HttpToolsProtocol``.
+        max_head_bytes: Bytes a request head may take (request line and headers).
+        head_timeout: Seconds from a head's first byte (or from the connection's
+            start) until the head must be complete.
+        **kwargs: As for uvicorn's ``HttpToolsProtocol``.
+    """
+
+    def __init__(self, *args: Any, max_head_bytes: int, head_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_head_bytes = max_head_bytes
+        self.head_timeout = head_timeout
+        # Bytes of the head being received, or None between heads.
+        self._head_bytes: int | None = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()  # a connection that never sends a request ends too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_bytes is None or self.transport.is_closing():
+            return
+        # Still inside a head after this chunk: count it (at most one chunk of
+        # the previous message's tail is counted with it when pipelining).
+        self._head_bytes += len(data)
+        if self._head_bytes > self.max_head_bytes:
+            self._refuse(
+                HeadersTooLargeError(f"the request head is larger than {self.max_head_bytes} bytes")
+            )
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._head_timer is None:
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0  # the next bytes begin the next head
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self._head_bytes is None:
+            return
+        if self._head_bytes == 0 and not self._replying():
+            self.transport.close()  # nothing sent (or an idle keep-alive): just close
+            return
+        self._refuse(
+            RequestTimeoutError(f"the request head was not complete within {self.head_timeout:g} s")
+        )
+
+    def _replying(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _refuse(self, error: HTTPError) -> None:
+        """Answer ``error`` and close; the rest of the head is never read."""
+        self._disarm_head_timer()
+        self._head_bytes = None
+        if not self._replying():  # a reply under way must not be cut by ours
+            body = error_body(error)
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                % (error.status, _REASONS[error.status], len(body), body)
+            )
+        self.transport.close()
