@@ -53,6 +53,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # Bytes of the head being received, or None between heads.
         self._head_bytes: int | None = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        # A message ended inside the chunk being parsed: the chunk is (mostly)
+        # that message's body, not the next head, so it is not counted.
+        self._message_ended = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -63,11 +66,13 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._message_ended = False
         super().data_received(data)
-        if self._head_bytes is None or self.transport.is_closing():
+        if self._head_bytes is None or self._message_ended or self.transport.is_closing():
             return
-        # Still inside a head after this chunk: count it (at most one chunk of
-        # the previous message's tail is counted with it when pipelining).
+        # Still inside a head after this chunk: count it. (A pipelined head that
+        # began in the chunk that ended the previous message is counted from
+        # the next chunk on: at most one read more than the limit.)
         self._head_bytes += len(data)
         if self._head_bytes > self.max_head_bytes:
             self._refuse(
@@ -88,6 +93,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head_bytes = 0  # the next bytes begin the next head
+        self._message_ended = True
 
     def _arm_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)

@@ -191,3 +191,19 @@ def test_an_abandoned_session_expires(serve):
     assert status == 410 and body["error"]["code"] == "session_expired"
     assert sum(h["expired_sessions"] for h in healths.values()) == 1
     assert sum(h["open_sessions"] for h in healths.values()) == 0
+
+
+def test_large_bodies_on_a_kept_alive_connection_are_not_taken_for_heads(server):
+    """Body bytes (even the chunk that ends a message) never count toward the head limit."""
+    pad = "x" * (3 * MIB)
+    with socket.create_connection(("127.0.0.1", _port(server.url)), timeout=30) as sock:
+        for index in range(3):
+            body = b'{"options": {"initial_count": %d}, "pad": "%s"}' % (index, pad.encode())
+            head = b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            sock.sendall(head + body)
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                chunk = sock.recv(65536)
+                assert chunk, reply
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 200 "), reply[:300]
