@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
+import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -62,7 +65,9 @@ def _make_non_dumpable() -> None:
         raise StartupError(f"cannot protect the server's memory: {exc}") from exc
 
 
-def serve(target: str, settings: Settings, log_level: str = "info") -> None:
+def serve(
+    target: str, settings: Settings, log_level: str = "info", pid_file: str | None = None
+) -> None:
     """Serve ``target`` with ``settings`` until interrupted (SIGINT/SIGTERM).
 
     This process and every worker are non-dumpable (`gym_sessions.non_dumpable`):
@@ -73,11 +78,11 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
         StartupError: the target is bad or the address cannot be bound.
     """
     import uvicorn
-    from uvicorn.supervisors import Multiprocess
 
     from gym_sessions.routing.runtime_dir import RuntimeDirectory
     from gym_sessions.server.base import SessionServer
     from gym_sessions.server.http_protocol import BoundedHttpProtocol
+    from gym_sessions.server.supervisor import Supervisor
     from gym_sessions.server.targets import load_target
     from gym_sessions.server.worker import WorkerConfig, WorkerSpec
 
@@ -91,8 +96,11 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
         check_redis(settings.claims)
     sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
-    file_routed = settings.routed and not settings.redis_claims
-    runtime_dir = RuntimeDirectory.create() if file_routed else None
+    if settings.routed:
+        # Claims and private sockets (file claims), and the workers' shutdown
+        # marks (every routed server).
+        RuntimeDirectory.remove_abandoned()  # left by servers whose supervisor was killed
+    runtime_dir = RuntimeDirectory.create() if settings.routed else None
     if runtime_dir is not None:
         settings = settings.replace(runtime_dir=runtime_dir.path)
     config = WorkerConfig(
@@ -106,6 +114,7 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
         host=settings.host,
         port=port,
         timeout_keep_alive=int(settings.timeout_keep_alive),
+        timeout_graceful_shutdown=int(settings.graceful_timeout),
         log_level=log_level,
     )
     shown_host = f"[{host}]" if ":" in host else host
@@ -114,14 +123,19 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
         routing += f" (claims in {_without_password(settings.claims)})"
     print(
         f"gym-sessions: serving {target} on http://{shown_host}:{port} "
-        f"with {settings.workers} worker(s), sessions {routing}",
+        f"with {settings.workers} worker(s), sessions {routing} (supervisor pid {os.getpid()})",
         file=sys.stderr,
         flush=True,
     )
+    if pid_file is not None:
+        _write_pid_file(pid_file)
     try:
-        if settings.workers > 1:
-            Multiprocess(config, sockets=[sock]).run()
+        if settings.routed:
+            Supervisor(config, [sock], settings.drain_timeout).run()
         else:
+            # One worker serving in-process: nothing to reload into; say so
+            # rather than let SIGHUP's default action kill the server.
+            signal.signal(signal.SIGHUP, _reload_needs_workers)
             config.load()  # builds the app here, so its errors surface as they do with workers
             uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
@@ -130,6 +144,40 @@ def serve(target: str, settings: Settings, log_level: str = "info") -> None:
         sock.close()
         if runtime_dir is not None:
             runtime_dir.remove()
+        if pid_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pid_file)
+
+
+def _reload_needs_workers(signum: int, frame: object) -> None:
+    logging.getLogger("gym_sessions.supervisor").warning(
+        "SIGHUP ignored: a reload needs --workers 2 or more (or Redis claims)"
+    )
+
+
+def _write_pid_file(path: str) -> None:
+    with open(path, "w") as file:
+        file.write(f"{os.getpid()}\n")
+
+
+def reload_server(pid_file: str | None, pid: int | None) -> None:
+    """Send SIGHUP to a running ``gym-sessions serve`` supervisor (zero-downtime reload).
+
+    Raises:
+        StartupError: no pid given, or no such process.
+    """
+    if pid is None:
+        if pid_file is None:
+            raise StartupError("reload needs --pid-file PATH or --pid PID")
+        try:
+            with open(pid_file) as file:
+                pid = int(file.read().strip())
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"cannot read a pid from {pid_file}: {exc}") from exc
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        raise StartupError(f"no process {pid}: is the server running?") from None
 
 
 def _without_password(url: str) -> str:
@@ -231,6 +279,26 @@ def _parser() -> argparse.ArgumentParser:
         help="a request head not complete this long after it began gets 408 and is closed "
         "(default 30)",
     )
+    lifecycle = serve_cmd.add_argument_group("lifecycle (README 'Operations')")
+    lifecycle.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long requests already received may run to their reply "
+        "(default 30)",
+    )
+    lifecycle.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="after SIGHUP/SIGTTOU, how long a draining worker serves its open sessions "
+        "(default 600)",
+    )
+    lifecycle.add_argument(
+        "--pid-file", metavar="PATH", help="write the supervisor's pid here (for reload)"
+    )
     serve_cmd.add_argument(
         "--trust-session-ids",
         action="store_true",
@@ -251,6 +319,14 @@ def _parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+
+    reload_cmd = commands.add_parser(
+        "reload",
+        help="zero-downtime reload of a running server (SIGHUP to its supervisor)",
+    )
+    reload_target = reload_cmd.add_mutually_exclusive_group(required=True)
+    reload_target.add_argument("--pid-file", metavar="PATH", help="the server's --pid-file")
+    reload_target.add_argument("--pid", type=int, help="the supervisor's pid")
 
     demo_cmd = commands.add_parser("demo", help="serve the counter env and run episodes against it")
     demo_cmd.add_argument("--workers", type=int, default=4)
@@ -286,8 +362,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_body_bytes=args.max_body_bytes,
                 max_inflight_body_bytes=args.max_inflight_body_bytes,
                 header_timeout=args.header_timeout,
+                graceful_timeout=args.graceful_timeout,
+                drain_timeout=args.drain_timeout,
             )
-            serve(args.target, settings, args.log_level)
+            serve(args.target, settings, args.log_level, args.pid_file)
+        elif args.command == "reload":
+            reload_server(args.pid_file, args.pid)
         else:
             from gym_sessions.demo import run_demo
 

@@ -63,7 +63,7 @@ class ServerProcess:
         return glob.glob(os.path.join(self.tmpdir, "gym-sessions-*", "workers", "*.sock"))
 
     def worker_pids(self) -> list[int]:
-        """PIDs of the supervisor's live child processes (its workers; Linux ``/proc``)."""
+        """PIDs of the supervisor's live worker processes (Linux ``/proc``)."""
         pids = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -74,7 +74,7 @@ class ServerProcess:
             except OSError:
                 continue
             # After the command name: state, then the parent's pid.
-            if int(fields[1]) == self.process.pid and fields[0] != "Z":
+            if int(fields[1]) == self.process.pid and fields[0] != "Z" and _is_worker(entry):
                 pids.append(int(entry))
         return sorted(pids)
 
@@ -106,6 +106,15 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _is_worker(pid: str) -> bool:
+    # The supervisor's children are its workers and multiprocessing's resource tracker.
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return b"resource_tracker" not in file.read()
+    except OSError:
+        return False
 
 
 def start_server(

@@ -66,6 +66,10 @@ class Settings:
             waits up to 2 s, then gets 503 ``overloaded``.
         max_header_bytes: A request head (request line and headers) larger than
             this gets 431 as soon as it crosses the limit, and its connection closes.
+        graceful_timeout: On SIGTERM/SIGINT, how long requests already received
+            (forwarded ones included) may run to their reply before the worker exits.
+        drain_timeout: How long a draining worker (after SIGHUP or SIGTTOU) keeps
+            serving its open sessions before it closes them and exits.
         header_timeout: A request head not complete this many seconds after it
             began (or a new connection silent that long) gets 408 and is closed.
         body_read_timeout_seconds: A request body that stalls longer than this
@@ -110,6 +114,8 @@ class Settings:
     max_inflight_body_bytes: int = 32 * _MIB
     max_header_bytes: int = 64 * 1024
     header_timeout: float = 30.0
+    graceful_timeout: float = 30.0
+    drain_timeout: float = 600.0
     body_read_timeout_seconds: float = 60.0
     claims: str = "file"
     private_host: str = "127.0.0.1"
@@ -129,6 +135,8 @@ class Settings:
             object.__setattr__(self, "secret", self._default_secret())
         if self.session_close_retry_window_seconds <= 0:
             raise ValueError("session_close_retry_window_seconds must be positive")
+        if self.graceful_timeout < 0 or self.drain_timeout < 0:
+            raise ValueError("graceful_timeout and drain_timeout must not be negative")
         if self.header_timeout <= 0:
             raise ValueError("header_timeout must be positive")
         if self.max_sessions < 0:

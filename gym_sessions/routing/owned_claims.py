@@ -105,6 +105,8 @@ class OwnedClaims:
         self.store = store
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
+        #: False while the worker drains: new sessions go to other workers.
+        self.accepting_sessions = True
         self._live = 0
         # Room taken by starts in flight, until their session opens or they end.
         self._reservations: dict[str, list[RoomReservation]] = {}
@@ -142,14 +144,18 @@ class OwnedClaims:
         return self._live
 
     def reserve_room(self, session_id: str) -> RoomReservation | None:
-        """Take room for a start of ``session_id``; ``None`` if this worker is full.
+        """Take room for a start of ``session_id``; ``None`` if this worker is full or draining.
 
         Without a limit, or for a restart of a live session here, no room is
         needed (the reservation is inactive). The room passes to the session
         when `mark_open` makes it live; `give_back_room` returns it otherwise.
         """
         claim = self._claims.get(session_id)
-        if self.max_sessions <= 0 or (claim is not None and claim.live):
+        if claim is not None and claim.live:
+            return RoomReservation(session_id, active=False)
+        if not self.accepting_sessions:
+            return None
+        if self.max_sessions <= 0:
             return RoomReservation(session_id, active=False)
         if self._live + self._reserved >= self.max_sessions:
             return None

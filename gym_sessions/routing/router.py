@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 
@@ -199,6 +200,9 @@ class SessionRouter:
         self.app = app
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
         self.worker_ids = worker_ids or _no_workers
+        # Requests other workers forwarded here: a worker shutting down waits for them.
+        self.private_in_flight = 0
+        self.private_done_at = 0.0
         self.access = SessionAccess(credentials, trust_session_ids)
         self.sources = sources
         self.credentials = credentials
@@ -227,6 +231,9 @@ class SessionRouter:
             started = True
             await send(message)
 
+        private = scope.get(PRIVATE_SCOPE_KEY, False)
+        if private:
+            self.private_in_flight += 1
         try:
             await self._handle(scope, receive, send_tracked, ticket)
         except Exception as exc:
@@ -237,6 +244,9 @@ class SessionRouter:
             await self._send_error(scope, send, _unexpected(exc))
         finally:
             ticket.release()
+            if private:
+                self.private_in_flight -= 1
+                self.private_done_at = time.monotonic()
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, ticket: BodyTicket) -> None:
         private = scope.get(PRIVATE_SCOPE_KEY, False)

@@ -8,7 +8,9 @@ the server exits, which also ends the claims of workers that died.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import tempfile
 
@@ -17,6 +19,19 @@ from gym_sessions.errors import StartupError
 __all__ = ["RuntimeDirectory"]
 
 _MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, with the terminating NUL
+
+
+_DIRECTORY_NAME = re.compile(r"gym-sessions-(\d+)-[A-Za-z0-9_]+")
+
+
+def _supervisor_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, another user's
+    return True  # exists (maybe a reused pid: then the directory waits for another start)
 
 
 def _too_long(base: str) -> bool:
@@ -30,6 +45,7 @@ class RuntimeDirectory:
         self.path = path
         self.claims_dir = os.path.join(path, "claims")
         self.workers_dir = os.path.join(path, "workers")
+        self.states_dir = os.path.join(path, "states")
 
     @classmethod
     def create(cls, base: str | None = None) -> RuntimeDirectory:
@@ -53,7 +69,36 @@ class RuntimeDirectory:
         directory = cls(path)
         os.mkdir(directory.claims_dir, 0o700)
         os.mkdir(directory.workers_dir, 0o700)
+        os.mkdir(directory.states_dir, 0o700)
         return directory
+
+    @staticmethod
+    def remove_abandoned(base: str | None = None) -> list[str]:
+        """Remove runtime directories under ``base`` whose supervisor is gone; returns them.
+
+        A supervisor killed outright (SIGKILL) cannot remove its directory. Only
+        directories of this user whose name's pid is no running process are
+        removed (its workers exit within a second or two of their supervisor).
+        """
+        removed = []
+        for root in {base or tempfile.gettempdir(), "/tmp"}:
+            try:
+                names = os.listdir(root)
+            except OSError:
+                continue
+            for name in names:
+                match = _DIRECTORY_NAME.fullmatch(name)
+                path = os.path.join(root, name)
+                if match is None or _supervisor_alive(int(match.group(1))):
+                    continue
+                try:
+                    if os.lstat(path).st_uid != os.getuid():
+                        continue
+                except OSError:
+                    continue
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        return removed
 
     def socket_path(self, worker_id: str) -> str:
         """The private socket of ``worker_id``."""
@@ -70,6 +115,30 @@ class RuntimeDirectory:
     def claim_count(self) -> int:
         """How many claims exist (for tests and diagnostics)."""
         return sum(1 for name in os.listdir(self.claims_dir) if not name.startswith("."))
+
+    def mark(self, worker_id: str, state: str, present: bool = True) -> None:
+        """Record (or, with ``present=False``, forget) that ``worker_id`` is in ``state``.
+
+        Workers of one server coordinate their shutdown through these marks
+        (`gym_sessions.server.app.WorkerApp`): ``serving`` while a worker takes
+        part in the server, ``stopping`` once it has finished its own requests.
+        """
+        path = os.path.join(self.states_dir, f"{worker_id}.{state}")
+        if present:
+            with open(path, "w"):
+                pass
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def workers_in(self, state: str) -> set[str]:
+        """Ids of the workers marked ``state`` (see `mark`)."""
+        suffix = f".{state}"
+        try:
+            names = os.listdir(self.states_dir)
+        except FileNotFoundError:
+            return set()
+        return {name[: -len(suffix)] for name in names if name.endswith(suffix)}
 
     def remove(self) -> None:
         """Remove the directory and everything in it."""

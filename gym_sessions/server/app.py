@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -55,6 +56,23 @@ from gym_sessions.settings import Settings
 __all__ = ["WorkerApp", "create_app", "new_worker_id"]
 
 logger = logging.getLogger("gym_sessions.server")
+
+# A shutting-down worker keeps its private listener until forwarded requests
+# have stopped coming for this long.
+_FORWARD_QUIET_SECONDS = 0.5
+# Marks in the runtime directory's states/ (see `RuntimeDirectory.mark`).
+_SERVING, _STOPPING = "serving", "stopping"
+
+
+def _process_alive(worker_id: str) -> bool:
+    pid = int(worker_id.split("-", 1)[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def new_worker_id() -> str:
@@ -186,6 +204,12 @@ class WorkerApp:
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
+        # Where the workers of this server mark their shutdown (any routed
+        # server's supervisor makes one); None with one worker in-process.
+        self.coordination = (
+            RuntimeDirectory(settings.runtime_dir) if settings.runtime_dir is not None else None
+        )
+        self._leaving = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
@@ -210,6 +234,8 @@ class WorkerApp:
                     self.registry.run_heartbeat(self._restore_claims, self._reap_orphans)
                 )
             )
+        if self.coordination is not None:
+            self.coordination.mark(self.worker_id, _SERVING)
         self._background += [
             asyncio.create_task(self.claims.run_sweeper()),
             asyncio.create_task(self.server.background()),
@@ -232,6 +258,48 @@ class WorkerApp:
             lost,
         )
 
+    def begin_drain(self) -> None:
+        """Take no new session here (starts go to other workers); serve the open ones on."""
+        self.claims.accepting_sessions = False
+        logger.info("worker %s drains: %d open sessions", self.worker_id, self.claims.live_sessions)
+
+    async def drained(self) -> None:
+        """Return once this worker holds no open session (polls: sessions end on any path)."""
+        while self.claims.live_sessions > 0:  # noqa: ASYNC110 (closes, expiries, releases: many paths)
+            await asyncio.sleep(0.2)
+
+    def leave_server(self) -> None:
+        """This worker leaves alone (drained, orphaned): nobody waits for it at shutdown."""
+        self._leaving = True
+        if self.coordination is not None:
+            self.coordination.mark(self.worker_id, _SERVING, present=False)
+
+    async def _finish_forwarded_requests(self) -> None:
+        """Serve what other workers forward here until they are done (bounded).
+
+        On SIGTERM every worker stops accepting at once, but a request another
+        worker had already received may reach it later (that worker's loop may
+        be busy with a long step): keep listening until every worker of this
+        server has finished its own requests (its ``stopping`` mark), then until
+        no forwarded request is in flight and none came for a moment.
+        """
+        router = self.app
+        deadline = time.monotonic() + self.settings.graceful_timeout
+        if self.coordination is not None and not self._leaving:
+            self.coordination.mark(self.worker_id, _STOPPING)
+            while time.monotonic() < deadline and self._others_still_serving():  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        while time.monotonic() < deadline:
+            quiet = time.monotonic() - router.private_done_at >= _FORWARD_QUIET_SECONDS
+            if router.private_in_flight == 0 and quiet:
+                return
+            await asyncio.sleep(0.05)
+
+    def _others_still_serving(self) -> bool:
+        assert self.coordination is not None
+        waiting = self.coordination.workers_in(_SERVING) - self.coordination.workers_in(_STOPPING)
+        return any(_process_alive(worker_id) for worker_id in waiting)
+
     async def shutdown(self) -> None:
         """Stop background work and the private listener; release this worker's sessions."""
         # The heartbeat first: a beat after the unregistration would register again.
@@ -245,7 +313,11 @@ class WorkerApp:
             with contextlib.suppress(Exception):
                 await self.registry.unregister()
         if self._listener is not None:
+            await self._finish_forwarded_requests()
             await self._listener.stop()
+        if self.coordination is not None:
+            self.coordination.mark(self.worker_id, _SERVING, present=False)
+            self.coordination.mark(self.worker_id, _STOPPING, present=False)
         if self.forwarder is not None:
             await self.forwarder.close()
         await self.claims.wait_for_store()

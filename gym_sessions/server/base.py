@@ -92,6 +92,7 @@ class SessionServer:
                 "open_sessions": self.claims.live_sessions,
                 "max_sessions": self.claims.max_sessions or None,
                 "expired_sessions": self.expired_total,
+                "draining": not self.claims.accepting_sessions,
                 **self.metrics(),
             }
         )

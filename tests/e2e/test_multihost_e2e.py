@@ -288,3 +288,75 @@ def test_redis_lost_while_serving_gives_503_then_service_resumes(deploy):
             return await asyncio.gather(*[rest(e) for e in episodes])
 
     assert asyncio.run(resume()) == [1.0] * len(episodes)
+
+
+def test_reload_of_one_host_loses_no_episode(deploy):
+    """SIGHUP on one host mid-episodes: its old workers stay registered and keep their
+    sessions (the other host forwards to them) until they drain; no episode loses."""
+    d = deploy()
+    host = d.hosts[0]
+    held = make_episodes(12, seed=40)  # open across the reload
+    episodes = make_episodes(120, seed=41)  # starting before, during and after it
+    cookies: dict[str, str | None] = {}
+    registered_while_open: list[bool] = []
+
+    async def hold(client, episode: Episode) -> None:
+        body = {
+            "resources_session_id": episode.session_id,
+            "session_key": episode.session_key,
+            "options": {"initial_count": episode.initial, "expected_count": episode.expected},
+        }
+        async with client.post(d.url + "/reset", json=body) as reply:
+            assert reply.status == 200
+            cookies[episode.session_id] = reply.cookies["gym_session"].value
+
+    async def finish_held(client) -> None:
+        for episode in held:
+            headers = {"Cookie": f"gym_session={cookies[episode.session_id]}"}
+            for step in episode.increments:
+                async with client.post(
+                    d.url + "/step", json={"action": step}, headers=headers
+                ) as reply:
+                    episode.statuses.append(reply.status)
+            async with client.post(d.url + "/verify", json={}, headers=headers) as reply:
+                episode.statuses.append(reply.status)
+                episode.reward = (await reply.json()).get("reward")
+
+    async def one(client, index: int, episode: Episode) -> None:
+        await asyncio.sleep(index * 0.03)
+        await play(client, d.url, episode)
+
+    async def main() -> None:
+        async with client_session() as client:
+            for episode in held:
+                await hold(client, episode)
+            on_host = {
+                d.owner(e.session_id)
+                for e in held
+                if int(d.owner(e.session_id).split("-")[0]) in host.worker_pids()
+            }
+            assert on_host  # some held sessions live on the host being reloaded
+
+            async def reload() -> None:
+                await asyncio.sleep(1.0)
+                host.process.send_signal(signal.SIGHUP)
+                await asyncio.sleep(2.5)  # new workers up, old ones draining
+                registered_while_open.append(on_host <= d.registered_workers())
+                await finish_held(client)
+
+            await asyncio.gather(reload(), *[one(client, i, e) for i, e in enumerate(episodes)])
+            return on_host
+
+    old_workers = asyncio.run(main())
+    for group in (held, episodes):
+        assert [e.reward for e in group] == [1.0] * len(group), [
+            e.error_codes for e in group if e.reward != 1.0
+        ][:5]
+        assert {s for e in group for s in e.statuses} == {200}
+    assert registered_while_open == [True]
+    # Their sessions ended: the drained workers leave; the host serves on with new ones.
+    deadline = time.monotonic() + 30
+    while old_workers & d.registered_workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not old_workers & d.registered_workers()
+    assert len(d.registered_workers()) == 2 * WORKERS_PER_HOST

@@ -1,0 +1,240 @@
+"""The multi-worker supervisor: uvicorn's, with drains where uvicorn drops sessions.
+
+uvicorn's ``Multiprocess`` replaces every worker on SIGHUP and removes one on
+SIGTTOU by terminating it, and each terminated worker takes its sessions with
+it. Here a worker that has to go *drains*: it stops accepting connections on
+the shared socket, takes no new session (a start that still reaches it, on a
+kept-alive connection, is placed on another worker), and keeps serving its
+open sessions, reached through the routing rule like any session, until the
+last one is closed or expires, or ``drain_timeout`` passes; then it exits as on
+SIGTERM.
+
+Signals to the supervisor:
+
+- SIGTERM, SIGINT: every worker shuts down gracefully (requests already
+  received, forwarded ones included, run to their reply within
+  ``--graceful-timeout``; then sessions are released); a second SIGINT kills
+  the workers at once.
+- SIGHUP: zero-downtime reload. A new generation of workers (importing the
+  target afresh) starts; once it serves, the old generation drains.
+- SIGTTIN: one worker more. SIGTTOU: one worker fewer, drained (never below one).
+
+Workers watch their supervisor: if it dies (SIGKILL), they shut down within
+about a second rather than serve on as orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn import Server
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+__all__ = ["DRAIN_SIGNAL", "DrainableServer", "Supervisor"]
+
+logger = logging.getLogger("gym_sessions.supervisor")
+
+#: Sent by the supervisor to a worker that must drain.
+DRAIN_SIGNAL = signal.SIGUSR1
+# How long past its drain timeout (plus the graceful timeout) a draining worker
+# may take before the supervisor kills it.
+_DRAIN_GRACE_SECONDS = 10.0
+# An orphaned worker gives its requests this long before it releases its sessions.
+_ORPHAN_GRACE_SECONDS = 1
+
+
+class DrainableServer(Server):
+    """A worker's uvicorn server that can drain, and that dies with its supervisor."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self._supervisor_pid = os.getppid()
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(DRAIN_SIGNAL, self.begin_drain)
+
+    def begin_drain(self) -> None:
+        """Stop accepting connections and new sessions; exit when the open sessions are done."""
+        if self._drain_task is not None:
+            return
+        for server in self.servers:
+            server.close()  # this worker's copy of the shared socket: others keep accepting
+        app = worker_app(self.config.loaded_app)
+        seconds = app.settings.drain_timeout if app is not None else 0.0
+        self._drain_task = asyncio.ensure_future(self._drain(app, seconds))
+
+    async def _drain(self, app: Any, seconds: float) -> None:
+        if app is not None:
+            app.begin_drain()
+            try:
+                async with asyncio.timeout(seconds):
+                    await app.drained()
+            except TimeoutError:
+                logger.warning(
+                    "worker %s: drain timeout (%g s) with %d open sessions; closing them",
+                    app.worker_id,
+                    seconds,
+                    app.claims.live_sessions,
+                )
+        if app is not None:
+            app.leave_server()
+        self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        # Orphaned (the supervisor was killed): exit now, releasing sessions and
+        # their child processes, rather than serve on where nobody supervises.
+        if counter % 5 == 0 and os.getppid() != self._supervisor_pid:
+            if not self.should_exit:
+                logger.warning("supervisor %d is gone: shutting down", self._supervisor_pid)
+                app = worker_app(self.config.loaded_app)
+                if app is not None:
+                    app.leave_server()
+            self.should_exit = True
+            # Quick, but through the lifespan shutdown, which releases the
+            # sessions (env.close(), the REPL's interpreters).
+            self.config.timeout_graceful_shutdown = _ORPHAN_GRACE_SECONDS
+        return await super().on_tick(counter)
+
+
+def worker_app(app: Any) -> Any:
+    """The `WorkerApp` inside uvicorn's middleware around a loaded app, or ``None``."""
+    from gym_sessions.server.app import WorkerApp
+
+    for _ in range(8):
+        if isinstance(app, WorkerApp):
+            return app
+        app = getattr(app, "app", None)
+    return None
+
+
+class _WorkerProcess(Process):
+    """uvicorn's worker process, serving with a `DrainableServer`."""
+
+    @property
+    def server(self) -> Server:
+        if self._server is None:
+            self._server = DrainableServer(config=self.config)
+        return self._server
+
+
+@dataclass
+class _Draining:
+    process: Process
+    kill_at: float
+
+
+class Supervisor(Multiprocess):
+    """uvicorn's ``Multiprocess`` with drains on SIGHUP and SIGTTOU and a hard second SIGINT.
+
+    Args:
+        config: The workers' config (`gym_sessions.server.worker.WorkerConfig`).
+        sockets: The shared listening socket(s).
+        drain_timeout: Seconds a draining worker may keep open sessions.
+    """
+
+    def __init__(self, config: Any, sockets: list[Any], drain_timeout: float) -> None:
+        super().__init__(config, sockets)
+        self.drain_timeout = drain_timeout
+        self.draining: list[_Draining] = []
+        self._interrupts = 0
+
+    def _new_process(self) -> Process:
+        process = _WorkerProcess(self.config, self.sockets)
+        process.start()
+        return process
+
+    def init_processes(self) -> None:
+        for _ in range(self.processes_num):
+            self.processes.append(self._new_process())
+
+    # Signals -----------------------------------------------------------------------------
+
+    def handle_int(self) -> None:
+        self._interrupts += 1
+        if self._interrupts > 1:
+            logger.warning("second SIGINT: stopping every worker now")
+            self._kill_all()
+        else:
+            logger.info("SIGINT: workers finish their requests, then exit (again to force)")
+        self.should_exit.set()
+
+    def handle_hup(self) -> None:
+        logger.info("SIGHUP: starting new workers; the current ones drain")
+        fresh = [self._new_process() for _ in self.processes]
+        timeout = self.config.timeout_worker_healthcheck
+        if not all(p.wait_until_ready(timeout, self.should_exit) for p in fresh):
+            logger.error("new workers were not ready in time: keeping the current ones")
+            for process in fresh:
+                process.kill()
+                process.join()
+            return
+        old, self.processes = self.processes, fresh
+        for process in old:
+            self._drain(process)
+
+    def handle_ttin(self) -> None:
+        logger.info("SIGTTIN: one worker more")
+        self.processes.append(self._new_process())
+
+    def handle_ttou(self) -> None:
+        if len(self.processes) <= 1:
+            logger.info("SIGTTOU: one worker left, keeping it")
+            return
+        logger.info("SIGTTOU: one worker fewer (it drains)")
+        self._drain(self.processes.pop())
+
+    def _drain(self, process: Process) -> None:
+        if process.pid is None or process.exitcode is not None:
+            return
+        graceful = self.config.timeout_graceful_shutdown or 0
+        kill_at = time.monotonic() + self.drain_timeout + graceful + _DRAIN_GRACE_SECONDS
+        self.draining.append(_Draining(process, kill_at))
+        os.kill(process.pid, DRAIN_SIGNAL)
+
+    # Running -----------------------------------------------------------------------------
+
+    def keep_subprocess_alive(self) -> None:
+        super().keep_subprocess_alive()
+        now = time.monotonic()
+        for entry in list(self.draining):
+            process = entry.process
+            if process.exitcode is not None:
+                process.join()
+                self.draining.remove(entry)
+                logger.info("drained worker [%s] exited", process.pid)
+            elif now >= entry.kill_at:
+                logger.error("drained worker [%s] did not exit: killing it", process.pid)
+                process.kill()
+
+    def run(self) -> None:
+        logger.info("supervisor [%d] started", os.getpid())
+        self.init_processes()
+        while not self.should_exit.wait(0.5):
+            self.handle_signals()
+            self.keep_subprocess_alive()
+        everyone = [*self.processes, *(entry.process for entry in self.draining)]
+        for process in everyone:
+            process.terminate()
+        # Wait for the graceful shutdowns; a second SIGINT ends them at once.
+        while any(p.exitcode is None for p in everyone):
+            if signal.SIGINT in self.signal_queue:
+                self.signal_queue.clear()
+                self.handle_int()
+            for process in everyone:
+                process.process.join(0.1)
+        for process in everyone:
+            process.join()
+
+    def _kill_all(self) -> None:
+        for process in [*self.processes, *(entry.process for entry in self.draining)]:
+            if process.exitcode is None:
+                process.process.kill()
