@@ -130,7 +130,7 @@ def serve(
     if pid_file is not None:
         _write_pid_file(pid_file)
     try:
-        if settings.routed:
+        if settings.workers > 1 or settings.routed:
             Supervisor(config, [sock], settings.drain_timeout).run()
         else:
             # One worker serving in-process: nothing to reload into; say so

@@ -53,7 +53,7 @@ from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, W
 from gym_sessions.server.base import SessionServer
 from gym_sessions.settings import Settings
 
-__all__ = ["WorkerApp", "create_app", "new_worker_id"]
+__all__ = ["SERVER_MARK", "WorkerApp", "create_app", "new_worker_id"]
 
 logger = logging.getLogger("gym_sessions.server")
 
@@ -62,10 +62,16 @@ logger = logging.getLogger("gym_sessions.server")
 _FORWARD_QUIET_SECONDS = 0.5
 # Marks in the runtime directory's states/ (see `RuntimeDirectory.mark`).
 _SERVING, _STOPPING = "serving", "stopping"
+#: The supervisor's mark (``server.stopping``): the whole server shuts down, so
+#: workers wait for each other; a worker stopping alone waits for nobody.
+SERVER_MARK = "server"
 
 
 def _process_alive(worker_id: str) -> bool:
-    pid = int(worker_id.split("-", 1)[0])
+    try:
+        pid = int(worker_id.split("-", 1)[0])
+    except ValueError:
+        return True  # not a process's id (in-process test workers): cannot tell
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -280,12 +286,19 @@ class WorkerApp:
         On SIGTERM every worker stops accepting at once, but a request another
         worker had already received may reach it later (that worker's loop may
         be busy with a long step): keep listening until every worker of this
-        server has finished its own requests (its ``stopping`` mark), then until
-        no forwarded request is in flight and none came for a moment.
+        server has finished its own requests (its ``stopping`` mark) when the
+        whole server stops, then until no forwarded request is in flight and
+        none came for a moment.
         """
         router = self.app
         deadline = time.monotonic() + self.settings.graceful_timeout
-        if self.coordination is not None and not self._leaving:
+        whole_server_stops = (
+            self.coordination is not None
+            and not self._leaving
+            and SERVER_MARK in self.coordination.workers_in(_STOPPING)
+        )
+        if whole_server_stops:
+            assert self.coordination is not None
             self.coordination.mark(self.worker_id, _STOPPING)
             while time.monotonic() < deadline and self._others_still_serving():  # noqa: ASYNC110
                 await asyncio.sleep(0.05)

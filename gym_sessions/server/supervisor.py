@@ -222,6 +222,7 @@ class Supervisor(Multiprocess):
             self.handle_signals()
             self.keep_subprocess_alive()
         everyone = [*self.processes, *(entry.process for entry in self.draining)]
+        self._mark_server_stopping()
         for process in everyone:
             process.terminate()
         # Wait for the graceful shutdowns; a second SIGINT ends them at once.
@@ -233,6 +234,16 @@ class Supervisor(Multiprocess):
                 process.process.join(0.1)
         for process in everyone:
             process.join()
+
+    def _mark_server_stopping(self) -> None:
+        """Tell the workers the whole server stops: they wait for each other's requests."""
+        from gym_sessions.routing.runtime_dir import RuntimeDirectory
+        from gym_sessions.server.app import SERVER_MARK
+
+        runtime_dir = getattr(getattr(self.config, "spec", None), "settings", None)
+        path = getattr(runtime_dir, "runtime_dir", None)
+        if path is not None:
+            RuntimeDirectory(path).mark(SERVER_MARK, "stopping")
 
     def _kill_all(self) -> None:
         for process in [*self.processes, *(entry.process for entry in self.draining)]:
