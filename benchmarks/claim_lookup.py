@@ -55,7 +55,12 @@ from _common import markdown_table
 from gym_sessions.local_services import RedisProcess, run_redis
 from gym_sessions.routing.claim_store import FileClaimStore, claim_name
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.redis_claims import RedisClaimStore, WorkerRegistry, connect_redis
+from gym_sessions.routing.redis_claims import (
+    EntrySigner,
+    RedisClaimStore,
+    WorkerRegistry,
+    connect_redis,
+)
 
 BATCH = 100
 WINDOW = 300.0
@@ -130,7 +135,7 @@ def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
 
 def redis_store(url: str, worker: str) -> RedisClaimStore:
     """Worker ``worker``'s Redis store, as `WorkerApp` builds it."""
-    registry = WorkerRegistry(connect_redis(url), worker)
+    registry = WorkerRegistry(connect_redis(url), worker, EntrySigner("bench-" + "x" * 32))
     return RedisClaimStore(registry.client, registry, WINDOW + 10.0)
 
 

@@ -300,6 +300,15 @@ def _parser() -> argparse.ArgumentParser:
         "--pid-file", metavar="PATH", help="write the supervisor's pid here (for reload)"
     )
     serve_cmd.add_argument(
+        "--peer-network",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="with Redis claims: a network workers' private addresses are in (repeatable); "
+        "requests are forwarded only there whatever Redis says (default: loopback, when "
+        "--private-host is loopback; required otherwise)",
+    )
+    serve_cmd.add_argument(
         "--trust-session-ids",
         action="store_true",
         help="let a typed start or close reach a session by its id alone, without its cookie "
@@ -355,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 forward_transport=args.forward_transport,
                 claims=args.claims,
                 private_host=args.private_host,
+                peer_networks=tuple(args.peer_network),
                 trust_session_ids=args.trust_session_ids,
                 unsandboxed=args.unsandboxed,
                 max_sessions=args.max_sessions,

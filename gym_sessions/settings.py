@@ -81,6 +81,10 @@ class Settings:
         private_host: With Redis claims, the address each worker's private TCP
             listener binds and registers (a port per worker, picked by the
             system); other hosts must reach it there.
+        peer_networks: With Redis claims, the networks (CIDR) workers' private
+            listeners may be in: requests are never forwarded elsewhere, whatever
+            Redis says. Default: loopback when ``private_host`` is loopback;
+            required otherwise.
         timeout_keep_alive: Seconds an idle client connection stays open. RL
             clients think between steps, so this is longer than uvicorn's 5 s.
         forward_transport: How requests reach another worker: ``http`` (HTTP/1.1
@@ -119,6 +123,7 @@ class Settings:
     body_read_timeout_seconds: float = 60.0
     claims: str = "file"
     private_host: str = "127.0.0.1"
+    peer_networks: tuple[str, ...] = ()
     timeout_keep_alive: float = 120.0
     forward_transport: str = "http"
     debug_worker_header: bool = False
@@ -169,6 +174,18 @@ class Settings:
                     "--private-host with this host's network address"
                 )
         object.__setattr__(self, "checkpoint_session_starts", tuple(self.checkpoint_session_starts))
+        object.__setattr__(self, "peer_networks", tuple(self.peer_networks))
+        for network in self.peer_networks:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"peer network {network!r} is not a CIDR network: {exc}") from None
+        if self.redis_claims and not self.peer_networks and not _is_loopback(self.private_host):
+            raise ValueError(
+                "with Redis claims and a non-loopback --private-host, pass --peer-network CIDR "
+                "(the network of your hosts' private addresses): requests are forwarded only "
+                "there, whatever Redis says"
+            )
 
     def _default_secret(self) -> str:
         secret = os.environ.get(SECRET_ENV)
@@ -186,6 +203,11 @@ class Settings:
     def redis_claims(self) -> bool:
         """Whether claims live in Redis (workers on several hosts)."""
         return self.claims != "file"
+
+    def allowed_peer_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """`peer_networks` parsed, or loopback when none are given (a loopback private host)."""
+        names = self.peer_networks or ("127.0.0.0/8", "::1/128")
+        return [ipaddress.ip_network(name, strict=False) for name in names]
 
     @property
     def routed(self) -> bool:

@@ -2,8 +2,9 @@
 
 Keys, under one prefix per Redis database:
 
-- ``gym_sessions:claim:<sha256 of the session id>`` = the claimant's worker
-  id. Created with ``SET NX`` (two workers never both hold an id); only the
+- ``gym_sessions:claim:<sha256 of the session id>`` = ``<worker id>|<its private
+  address>|<MAC>``: the claimant and where it listens. Created with ``SET NX``
+  (two workers never both hold an id); only the
   claimant changes or removes it, and every change compares the value first
   (a script), so a late removal can never delete another worker's claim. No
   expiry while the session is open or a request for it is in flight; the
@@ -12,8 +13,8 @@ Keys, under one prefix per Redis database:
 - ``gym_sessions:claims_of:<worker id>`` = the claim names a worker holds,
   and ``gym_sessions:indexed_workers`` = the workers with such an index: how
   the reaper finds a dead worker's claims that nobody asks about.
-- ``gym_sessions:worker:<worker id>`` = ``host:port`` of the worker's private
-  TCP listener, with a short expiry the worker's heartbeat keeps renewing. A
+- ``gym_sessions:worker:<worker id>`` = ``host:port|<MAC>`` of the worker's
+  private TCP listener, with a short expiry the worker's heartbeat keeps renewing. A
   claim whose worker has no registration belongs to a dead (or cut-off)
   worker: its requests get 410, and the reader (or the reaper) gives the
   orphaned claim an expiry so it does not stay in Redis forever.
@@ -22,6 +23,13 @@ Keys, under one prefix per Redis database:
   clock and writes its claims back; for `RESTORE_GRACE_SECONDS` after that a
   claim miss is "no answer" (503), so a session is never taken over by another
   worker before its claimant has written it back.
+
+Redis is not trusted for integrity: claim and registration values carry an
+HMAC-SHA256 (key derived from the server secret for this purpose, truncated to
+128 bits) over the claim name or worker id and the rest of the value. A value
+that does not verify is treated as missing and answered 503 (never forwarded
+to), so whoever can write Redis without the secret can deny service but cannot
+receive a forwarded request or feed a client.
 
 Reading a claim and its worker's address is one round trip (a script). Redis
 errors become `ClaimsUnavailableError` (503 ``claims_unavailable``); the
@@ -36,6 +44,8 @@ fine on one Redis server or a replicated pair, not on Redis Cluster.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import secrets
 import time
@@ -52,6 +62,7 @@ from gym_sessions.routing.claim_store import claim_name
 
 __all__ = [
     "REGISTRATION_PREFIX",
+    "EntrySigner",
     "RedisClaimStore",
     "WorkerRegistry",
     "check_redis",
@@ -109,7 +120,8 @@ local function settling(epoch_key, grace_ms)
 end
 
 local function holder(key, owner, registration_prefix, orphan_ms, epoch_key, grace_ms)
-  local address = redis.call('GET', registration_prefix .. owner)
+  local id = string.match(owner, '^([^|]*)')
+  local address = redis.call('GET', registration_prefix .. id)
   if address then return {owner, address} end
   local reason = settling(epoch_key, grace_ms)
   if reason then return {'', reason} end
@@ -134,13 +146,13 @@ if ARGV[7] ~= '1' and redis.call('EXISTS', KEYS[1]) == 0 then
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   redis.call('SADD', KEYS[2], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[1])
+  redis.call('SADD', KEYS[3], ARGV[8])
   return false
 end
 local owner = redis.call('GET', KEYS[1])
 if owner == ARGV[1] then
   redis.call('SADD', KEYS[2], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[1])
+  redis.call('SADD', KEYS[3], ARGV[8])
   return {owner}
 end
 redis.call('SREM', KEYS[2], ARGV[2])
@@ -179,7 +191,7 @@ end
 if not owner then
   redis.call('SET', KEYS[1], ARGV[1])
   redis.call('SADD', KEYS[2], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[1])
+  redis.call('SADD', KEYS[3], ARGV[4])
 end
 if tonumber(ARGV[3]) > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -197,7 +209,9 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {-1, 0} end
 local reaped = 0
 for _, name in ipairs(redis.call('SPOP', KEYS[1], tonumber(ARGV[4]))) do
   local key = ARGV[3] .. name
-  if redis.call('GET', key) == ARGV[1] and redis.call('PTTL', key) == -1 then
+  local value = redis.call('GET', key)
+  if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|'
+     and redis.call('PTTL', key) == -1 then
     redis.call('PEXPIRE', key, ARGV[2])
     reaped = reaped + 1
   end
@@ -227,6 +241,61 @@ if not epoch then
 end
 return {existed, epoch}
 """
+
+
+class EntrySigner:
+    """Signs and checks the values workers write to Redis (claims and registrations).
+
+    Args:
+        secret: The server secret; a key for this purpose alone is derived from it.
+    """
+
+    def __init__(self, secret: str) -> None:
+        purpose = b"gym-sessions/redis-entries"
+        self._key = hmac.new(secret.encode(), purpose, hashlib.sha256).digest()
+
+    def _mac(self, *parts: str) -> str:
+        message = "\0".join(parts).encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:32]
+
+    def claim_value(self, name: str, worker_id: str, address: str) -> str:
+        """The value of claim ``name`` held by ``worker_id`` listening at ``address``."""
+        return f"{worker_id}|{address}|{self._mac('claim', name, worker_id, address)}"
+
+    def read_claim(self, name: str, value: str) -> tuple[str, str]:
+        """``(worker id, address)`` of a claim value.
+
+        Raises:
+            ClaimsUnavailableError: the value is not signed with this server's secret.
+        """
+        worker_id, _, rest = value.partition("|")
+        address, _, mac = rest.rpartition("|")
+        expected = self._mac("claim", name, worker_id, address)
+        if not address or not hmac.compare_digest(mac, expected):
+            raise _unsigned("a claim")
+        return worker_id, address
+
+    def registration_value(self, worker_id: str, address: str) -> str:
+        """The value of ``worker_id``'s registration at ``address``."""
+        return f"{address}|{self._mac('worker', worker_id, address)}"
+
+    def read_registration(self, worker_id: str, value: str) -> str:
+        """The address in a registration value.
+
+        Raises:
+            ClaimsUnavailableError: the value is not signed with this server's secret.
+        """
+        address, _, mac = value.rpartition("|")
+        if not address or not hmac.compare_digest(mac, self._mac("worker", worker_id, address)):
+            raise _unsigned("a worker registration")
+        return address
+
+
+def _unsigned(what: str) -> ClaimsUnavailableError:
+    return ClaimsUnavailableError(
+        f"the claim store holds {what} not signed with this server's secret (altered or "
+        "forged): treated as missing"
+    )
 
 
 def connect_redis(url: str) -> redis.asyncio.Redis:
@@ -288,10 +357,12 @@ class WorkerRegistry:
         self,
         client: redis.asyncio.Redis,
         worker_id: str,
+        signer: EntrySigner,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.worker_id = worker_id
+        self.signer = signer
         self.key_prefix = REGISTRATION_PREFIX
         self.address: str | None = None
         self.epoch: str | None = None
@@ -299,28 +370,44 @@ class WorkerRegistry:
         self._clock = clock
         self._register = client.register_script(_REGISTER)
         self._restore_due = False
-        # Worker id -> (host, port). An id's address never changes; whether the
-        # worker lives is asked again whenever a claim is read.
+        # Worker id -> (host, port) of registered workers. An id's address never
+        # changes; whether the worker lives is asked again whenever a claim is read.
         self._known: dict[str, tuple[str, int]] = {}
+        # Worker id -> the address its claims name: where to ask whether an
+        # unregistered worker is gone or only slow to renew.
+        self._claimed: dict[str, tuple[str, int]] = {}
 
-    def remember(self, worker_id: str, address: str | None) -> None:
-        """Record what a claim read said about ``worker_id`` (``None``: not registered)."""
-        if address is None:
+    def remember(self, worker_id: str, registration: str | None, claimed: str | None) -> None:
+        """Record what a claim read said about ``worker_id``.
+
+        Args:
+            worker_id: The claimant.
+            registration: Its registration's (signed) value; ``None``: not registered.
+            claimed: The address its claim names (already verified).
+
+        Raises:
+            ClaimsUnavailableError: the registration is not signed with the secret.
+        """
+        if claimed is not None:
+            _bounded_put(self._claimed, worker_id, _split_address(claimed))
+        if registration is None:
             self._known.pop(worker_id, None)
             return
-        if worker_id not in self._known:
-            if len(self._known) >= _ADDRESS_CACHE_SIZE:
-                self._known.clear()
-            self._known[worker_id] = _split_address(address)
+        address = self.signer.read_registration(worker_id, registration)
+        _bounded_put(self._known, worker_id, _split_address(address))
 
     async def lookup(self, worker_id: str) -> tuple[str, int] | None:
         """The private address of ``worker_id``, or ``None`` if it is not registered."""
         known = self._known.get(worker_id)
         if known is not None:
             return known
-        address = await _call(self.client.get(self.key_prefix + worker_id))
-        self.remember(worker_id, address)
+        registration = await _call(self.client.get(self.key_prefix + worker_id))
+        self.remember(worker_id, registration, None)
         return self._known.get(worker_id)
+
+    def claimed_address(self, worker_id: str) -> tuple[str, int] | None:
+        """The address ``worker_id``'s claims name (whether it is registered or not)."""
+        return self._claimed.get(worker_id)
 
     def registered_within(self, seconds: float) -> bool:
         """Whether this worker's registration was written in the last ``seconds``."""
@@ -339,6 +426,7 @@ class WorkerRegistry:
     async def register(self, host: str, port: int) -> None:
         """Register this worker's private address at start-up."""
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._registration = self.signer.registration_value(self.worker_id, self.address)
         await self._write("start")
 
     async def renew(self) -> bool:
@@ -361,7 +449,12 @@ class WorkerRegistry:
         existed, epoch = await _call(
             self._register(
                 keys=[self.key_prefix + self.worker_id, _EPOCH_KEY],
-                args=[self.address, int(REGISTRATION_SECONDS * 1000), mode, secrets.token_hex(8)],
+                args=[
+                    self._registration,
+                    int(REGISTRATION_SECONDS * 1000),
+                    mode,
+                    secrets.token_hex(8),
+                ],
             )
         )
         self.last_registered = started
@@ -419,6 +512,12 @@ class WorkerRegistry:
                 logger.exception("worker %s: claim store upkeep failed", self.worker_id)
 
 
+def _bounded_put(cache: dict[str, tuple[str, int]], key: str, value: tuple[str, int]) -> None:
+    if key not in cache and len(cache) >= _ADDRESS_CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+
+
 def _split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -462,10 +561,11 @@ class RedisClaimStore:
 
     def _run(self, script: Any, session_id: str, *extra: object) -> Awaitable[Any]:
         name = claim_name(session_id)
+        mine = self.registry.signer.claim_value(name, self.worker_id, self.registry.address or "")
         return _call(
             script(
                 keys=[self.claim_prefix + name, self.index_key, self.indexed_workers_key],
-                args=[self.worker_id, name, *extra],
+                args=[mine, name, *extra, self.worker_id],
             )
         )
 
@@ -474,26 +574,32 @@ class RedisClaimStore:
         found = await self._run(
             self._create, session_id, *self._lookup_args(), "1" if restoring else "0"
         )
-        return self._holder(found)
+        return self._holder(session_id, found)
 
     async def read(self, session_id: str) -> str | None:
         found = await _call(self._read(keys=[self.key(session_id)], args=self._lookup_args()))
-        return self._holder(found)
+        return self._holder(session_id, found)
 
     def _lookup_args(self) -> list[object]:
         return [self.registry.key_prefix, self._orphan_ms, _EPOCH_KEY, self._grace_ms]
 
-    def _holder(self, found: Any) -> str | None:
-        """A claim script's answer: the holder's id (its address remembered), or ``None``."""
+    def _holder(self, session_id: str, found: Any) -> str | None:
+        """A claim script's answer: the holder's id (its address remembered), or ``None``.
+
+        Raises:
+            ClaimsUnavailableError: Redis is settling, or the claim or the
+                holder's registration is not signed with this server's secret.
+        """
         if not found:
             return None
-        owner = found[0]
-        if not owner:
+        value = found[0]
+        if not value:
             raise ClaimsUnavailableError(
                 f"the claim store {found[1]}: its claims are being written back; retry shortly"
             )
+        owner, address = self.registry.signer.read_claim(claim_name(session_id), value)
         if owner != self.worker_id:
-            self.registry.remember(owner, found[1] if len(found) > 1 else None)
+            self.registry.remember(owner, found[1] if len(found) > 1 else None, address)
         return owner
 
     async def remove(self, session_id: str) -> None:

@@ -12,10 +12,12 @@ registered, which the forwarder turns into 410 ``session_gone``, or
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from gym_sessions.errors import out_of_resources
+from gym_sessions.errors import ClaimsUnavailableError, out_of_resources
 
 if TYPE_CHECKING:
     from gym_sessions.routing.redis_claims import WorkerRegistry
@@ -64,10 +66,22 @@ class UnixEndpoints:
 
 
 class TcpEndpoints:
-    """Private TCP listeners at the addresses workers registered in Redis."""
+    """Private TCP listeners at the addresses workers registered in Redis.
 
-    def __init__(self, registry: WorkerRegistry) -> None:
+    Args:
+        registry: Worker registrations.
+        peer_networks: The only networks forwarded requests may go to: an
+            address outside them (a registration rewritten by whoever can write
+            Redis) gets 503, never a connection.
+    """
+
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        peer_networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+    ) -> None:
         self.registry = registry
+        self.peer_networks = tuple(peer_networks)
 
     async def worker_ids(self) -> list[str]:
         return await self.registry.worker_ids()
@@ -75,12 +89,50 @@ class TcpEndpoints:
     async def open(self, worker_id: str) -> Streams:
         address = await self.registry.lookup(worker_id)
         if address is None:
+            await self._gone_or_slow(worker_id)
             raise ConnectionRefusedError(f"worker {worker_id} is not registered")
+        return await self._connect(worker_id, address)
+
+    async def _connect(self, worker_id: str, address: tuple[str, int]) -> Streams:
         host, port = address
+        if not self._allowed(host):
+            raise ClaimsUnavailableError(
+                f"worker {worker_id} is registered at {host}, outside --peer-network: "
+                "not forwarding there"
+            )
         async with asyncio.timeout(_TCP_CONNECT_SECONDS):
             reader, writer = await asyncio.open_connection(host, port, limit=_READ_LIMIT)
         _keep_alive(writer.get_extra_info("socket"))
         return reader, writer
+
+    async def _gone_or_slow(self, worker_id: str) -> None:
+        """An unregistered worker is gone only if the address its claims name refuses.
+
+        A worker whose heartbeat could not renew in time (a Redis stall, a lost
+        reply) but that still listens is slow, not gone: 503, so its sessions
+        never get a 410 they would later contradict.
+        """
+        claimed = self.registry.claimed_address(worker_id)
+        if claimed is None or not self._allowed(claimed[0]):
+            return
+        try:
+            _, writer = await self._connect(worker_id, claimed)
+        except (OSError, TimeoutError):
+            return  # refused or silent: gone (the caller answers 410)
+        writer.close()
+        raise ClaimsUnavailableError(
+            f"worker {worker_id}'s registration lapsed but it still listens: slow, not gone; "
+            "retry shortly"
+        )
+
+    def _allowed(self, host: str) -> bool:
+        if not self.peer_networks:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False  # registrations hold addresses, never names
+        return any(address in network for network in self.peer_networks)
 
     async def reachable(self, worker_id: str) -> bool:
         return await _accepts(self.open(worker_id))

@@ -42,6 +42,7 @@ from gym_sessions.routing.private_listener import PrivateListener
 from gym_sessions.routing.redis_claims import (
     HEARTBEAT_SECONDS,
     REGISTRATION_SECONDS,
+    EntrySigner,
     RedisClaimStore,
     WorkerRegistry,
     connect_redis,
@@ -140,12 +141,14 @@ class WorkerApp:
         if settings.routed and settings.redis_claims:
             # Several hosts: claims and worker addresses in Redis, private
             # listeners on TCP, forwarded requests signed with the secret.
-            self.registry = WorkerRegistry(connect_redis(settings.claims), self.worker_id)
+            self.registry = WorkerRegistry(
+                connect_redis(settings.claims), self.worker_id, EntrySigner(settings.secret)
+            )
             store = self.redis_store = RedisClaimStore(
                 self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS
             )
             self.forward_signer = ForwardSigner(settings.secret)
-            endpoints = TcpEndpoints(self.registry)
+            endpoints = TcpEndpoints(self.registry, settings.allowed_peer_networks())
             self.forwarder = make_forwarder(
                 settings.forward_transport, endpoints, self.forward_signer
             )

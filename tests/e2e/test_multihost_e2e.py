@@ -50,7 +50,8 @@ class Deployment:
     def owner(self, session_id: str) -> str | None:
         client = redis.Redis.from_url(self.redis.url, decode_responses=True)
         try:
-            return client.get(RedisClaimStore.key(session_id))
+            value = client.get(RedisClaimStore.key(session_id))
+            return None if value is None else value.split("|", 1)[0]
         finally:
             client.close()
 

@@ -40,6 +40,11 @@ async def wait_until(predicate: Any, within: float = 5.0) -> bool:
     return predicate()
 
 
+def holder_of(claim_value: str | None) -> str | None:
+    """The worker id in a Redis claim value (``<worker id>|<address>|<MAC>``)."""
+    return None if claim_value is None else claim_value.split("|", 1)[0]
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -182,7 +187,7 @@ class Cluster:
 
     def claim_owner(self, session_id: str) -> str | None:
         if self.settings.redis_claims:
-            return self.redis().get(RedisClaimStore.key(session_id))
+            return holder_of(self.redis().get(RedisClaimStore.key(session_id)))
         assert self.runtime_dir is not None
         return FileClaimStore(self.runtime_dir.claims_dir, "reader").read_now(session_id)
 

@@ -21,6 +21,7 @@ from gym_sessions.routing.redis_claims import (
     HEARTBEAT_SECONDS,
     KEY_PREFIX,
     RESTORE_GRACE_SECONDS,
+    EntrySigner,
     RedisClaimStore,
     WorkerRegistry,
     connect_redis,
@@ -28,9 +29,11 @@ from gym_sessions.routing.redis_claims import (
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.settings import SECRET_ENV, Settings
 
-from .cluster import SECRET, Cluster, Worker, count_call, new_id, wait_until
+from .cluster import SECRET, Cluster, Worker, count_call, holder_of, new_id, wait_until
 from .probe_agent import ProbeAgent
 from .probe_server import ProbeServer
+
+SIGNER = EntrySigner(SECRET)
 
 WINDOW = 1.0
 STARTS = ("/seed_session", "/reset", "/blind_start")
@@ -55,8 +58,13 @@ async def crash(worker: Worker) -> None:
     await worker.app._listener.stop()
 
 
+def private_address(c: Cluster, worker: Worker) -> str:
+    """``host:port`` of ``worker``'s private listener, from its (signed) registration."""
+    return c.redis().get(KEY_PREFIX + "worker:" + worker.id).rpartition("|")[0]
+
+
 def private_url(c: Cluster, worker: Worker) -> str:
-    return "http://" + c.redis().get(KEY_PREFIX + "worker:" + worker.id)
+    return "http://" + private_address(c, worker)
 
 
 async def start(worker: Worker, sid: str):
@@ -117,7 +125,7 @@ async def test_agent_sessions_route_across_hosts_and_release_after_the_receipt(h
 async def test_every_worker_registers_a_private_tcp_address(hosts):
     c = await hosts(3)
     for worker in c.workers:
-        host, _, port = c.redis().get(KEY_PREFIX + "worker:" + worker.id).rpartition(":")
+        host, _, port = private_address(c, worker).rpartition(":")
         assert host == "127.0.0.1" and int(port) > 0
         assert 0 < c.redis().pttl(KEY_PREFIX + "worker:" + worker.id) <= 10_000
 
@@ -143,7 +151,7 @@ async def test_a_closed_session_gets_an_expiry_and_its_claimant_removes_it(hosts
 
 async def test_store_expiry_follows_open_in_flight_and_idle(redis_server):
     client = connect_redis(redis_server.url)
-    registry = WorkerRegistry(client, "w-expiry")
+    registry = WorkerRegistry(client, "w-expiry", SIGNER)
     claims = OwnedClaims(RedisClaimStore(client, registry, 60), "w-expiry", window=30)
     key = RedisClaimStore.key("s1")
 
@@ -175,7 +183,7 @@ async def test_store_expiry_follows_open_in_flight_and_idle(redis_server):
 async def test_only_one_of_many_racing_workers_wins_each_claim(redis_server):
     clients = [connect_redis(redis_server.url) for _ in range(4)]
     stores = [
-        RedisClaimStore(client, WorkerRegistry(client, f"w{i}"), 60)
+        RedisClaimStore(client, WorkerRegistry(client, f"w{i}", SIGNER), 60)
         for i, client in enumerate(clients)
     ]
     sids = [new_id() for _ in range(200)]
@@ -313,7 +321,7 @@ async def test_the_private_listener_refuses_requests_without_a_valid_signature(h
         sent.append((SIGNATURE_HEADER, b"not-a-signature"))
     elif case == "twice":
         sent += [(SIGNATURE_HEADER, good), (SIGNATURE_HEADER, good)]
-    address = c.redis().get(KEY_PREFIX + "worker:" + c[0].id)
+    address = private_address(c, c[0])
     status, data = await _raw_post(address, "/touch", sent, body)
     assert status == 403 and data["error"]["code"] == "forbidden", data
     assert c[0].server.counts[sid] == 0  # nothing ran
@@ -417,6 +425,11 @@ def test_redis_claims_refuse_a_secret_per_host(monkeypatch):
         ({"claims": "redis://127.0.0.1/0", "private_host": "0.0.0.0"}, "wildcard"),
         ({"claims": "redis://10.0.0.5:6379/0"}, "loopback but Redis is on another host"),
         ({"claims": "redis://redis.internal/0", "private_host": "::1"}, "loopback"),
+        ({"claims": "redis://10.0.0.5/0", "private_host": "10.0.0.11"}, "--peer-network"),
+        (
+            {"claims": "redis://10.0.0.5/0", "private_host": "10.0.0.11", "peer_networks": ["x"]},
+            "not a CIDR",
+        ),
     ],
 )
 def test_bad_claim_settings_are_refused(changes, message):
@@ -426,7 +439,12 @@ def test_bad_claim_settings_are_refused(changes, message):
 
 def test_one_worker_with_redis_claims_still_routes():
     assert Settings(secret="s", claims="redis://127.0.0.1/0").routed
-    assert Settings(secret="s", claims="redis://10.0.0.5/0", private_host="10.0.0.11").routed
+    assert Settings(
+        secret="s",
+        claims="redis://10.0.0.5/0",
+        private_host="10.0.0.11",
+        peer_networks=("10.0.0.0/24",),
+    ).routed
     assert not Settings(
         secret="s", claims="unix:///run/redis.sock", routes_sessions_to_owner=False
     ).routed
@@ -470,25 +488,26 @@ async def test_a_released_claim_leaves_no_index_entry(hosts):
     assert await wait_until(lambda: c.redis().scard(index) == 0, within=1)
 
 
-async def test_a_worker_whose_registration_lapsed_takes_its_claims_back(hosts):
+async def test_a_worker_whose_registration_lapsed_is_slow_not_gone(hosts):
     c = await hosts(2)
     sid = new_id()
     reply = await start(c[0], sid)
-    # Cut off long enough for its registration to expire: readers see it as
-    # dead (410) and give its open session's claim an orphan's expiry.
+    # Its registration expired (a Redis stall, lost renewals) while it still listens:
+    # readers answer 503 - never a 410 that the worker's next heartbeat would belie.
     c.redis().delete(KEY_PREFIX + "worker:" + c[0].id)
-    gone = await c[1].request("POST", "/touch", cookie=reply.cookie)
-    if gone.status == 410:  # (else its heartbeat came first: nobody saw it unregistered)
-        assert c.redis().pttl(RedisClaimStore.key(sid)) > 0
+    slow = await c[1].request("POST", "/touch", cookie=reply.cookie)
+    if slow.status == 503:  # (else its heartbeat came first: nobody saw it unregistered)
+        assert slow.json["error"]["code"] == "claims_unavailable"
+        assert "slow, not gone" in slow.json["error"]["message"]
     else:
-        assert gone.status == 200 and gone.json["worker"] == c[0].id
+        assert slow.status == 200 and slow.json["worker"] == c[0].id
     # Its next heartbeat registers it again and holds the open claim without expiry.
     assert await wait_until(
         lambda: c.redis().pttl(RedisClaimStore.key(sid)) == -1, within=HEARTBEAT_SECONDS * 3
     )
     touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
     assert touched.status == 200 and touched.json["worker"] == c[0].id
-    assert touched.json["count"] == (1 if gone.status == 410 else 2)
+    assert touched.json["count"] == (1 if slow.status == 503 else 2)
 
 
 class _FlakyRemovals(RedisClaimStore):
@@ -506,7 +525,7 @@ class _FlakyRemovals(RedisClaimStore):
 @pytest.fixture
 async def flaky_claims(redis_server):
     client = connect_redis(redis_server.url)
-    store = _FlakyRemovals(client, WorkerRegistry(client, "w-flaky"), 60)
+    store = _FlakyRemovals(client, WorkerRegistry(client, "w-flaky", SIGNER), 60)
     await store.registry.register("127.0.0.1", 9)
     yield OwnedClaims(store, "w-flaky", window=30), store, client
     await client.aclose()
@@ -521,7 +540,7 @@ async def test_a_claim_taken_back_after_a_failed_removal_loses_its_expiry(flaky_
     store.failures = 1
     claims.release_now("s")
     await claims.wait_for_store()
-    assert "s" not in claims and await client.get(key) == "w-flaky"  # removal failed
+    assert "s" not in claims and holder_of(await client.get(key)) == "w-flaky"  # removal failed
     assert await client.pttl(key) > 0
     # A new start of the same id here takes the leftover claim back ...
     assert await claims.claim("s") is None
@@ -543,7 +562,7 @@ async def test_a_retried_removal_never_deletes_a_claim_taken_back_meanwhile(flak
     claims.sweep()
     assert await taking is None
     await claims.wait_for_store()
-    assert await client.get(RedisClaimStore.key("s")) == "w-flaky"
+    assert holder_of(await client.get(RedisClaimStore.key("s"))) == "w-flaky"
     assert "s" in claims
 
 
@@ -617,7 +636,7 @@ async def test_a_renewal_after_a_long_silence_asks_for_the_claims_to_be_written_
 ):
     now = [1000.0]
     client = connect_redis(redis_server.url)
-    registry = WorkerRegistry(client, "w-quiet", clock=lambda: now[0])
+    registry = WorkerRegistry(client, "w-quiet", SIGNER, clock=lambda: now[0])
     try:
         await registry.register("127.0.0.1", 9)
         now[0] += HEARTBEAT_SECONDS
