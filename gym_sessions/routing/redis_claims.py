@@ -48,6 +48,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -67,6 +68,7 @@ __all__ = [
     "WorkerRegistry",
     "check_redis",
     "connect_redis",
+    "connect_redis_blocking",
 ]
 
 logger = logging.getLogger("gym_sessions.routing")
@@ -131,7 +133,8 @@ end
 """
 
 # Claim unless claimed: false on success, else what `holder` says of the
-# claimant ({our id} if it is this worker). KEYS = [claim key, this worker's
+# claimant ({our id} if it is this worker); {'', 'lost', worker, registration}
+# when the claim is gone but another worker's index still lists it. KEYS = [claim key, this worker's
 # claim index, the set of workers with an index]; ARGV = [worker id, claim
 # name, registration prefix, orphan ms, epoch key, grace ms, restoring]. The
 # index (claim names per worker) lets the reaper find the claims of a dead
@@ -143,6 +146,13 @@ _CREATE = (
 if ARGV[7] ~= '1' and redis.call('EXISTS', KEYS[1]) == 0 then
   local reason = settling(ARGV[5], ARGV[6])
   if reason then return {'', reason} end
+  -- A claim that vanished (evicted, deleted) while its worker still indexes
+  -- it: that worker holds the session; never take the id over.
+  for _, worker in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+    if worker ~= ARGV[8] and redis.call('SISMEMBER', ARGV[9] .. worker, ARGV[2]) == 1 then
+      return {'', 'lost', worker, redis.call('GET', ARGV[3] .. worker)}
+    end
+  end
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
   redis.call('SADD', KEYS[2], ARGV[2])
@@ -316,6 +326,16 @@ def connect_redis(url: str) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_pool(pool)
 
 
+def connect_redis_blocking(url: str) -> redis.Redis:
+    """A blocking Redis client for ``url``, for the heartbeat thread (same timeouts)."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=_CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=_REPLY_TIMEOUT_SECONDS,
+        decode_responses=True,
+    )
+
+
 def check_redis(url: str) -> None:
     """Fail start-up with one clear line if Redis at ``url`` does not answer.
 
@@ -327,10 +347,35 @@ def check_redis(url: str) -> None:
     )
     try:
         client.ping()
+        _check_eviction(client, url)
     except (redis.RedisError, OSError, ValueError) as exc:
         raise StartupError(f"cannot reach the claim store at {url}: {exc}") from exc
     finally:
         client.close()
+
+
+def _check_eviction(client: redis.Redis, url: str) -> None:
+    """Refuse a Redis that may evict keys: an evicted claim or registration is a lie.
+
+    Raises:
+        StartupError: a memory limit with an evicting policy.
+    """
+    try:
+        config = client.config_get("maxmemory*")
+    except redis.ResponseError:  # CONFIG renamed or forbidden (managed Redis)
+        logger.warning(
+            "cannot read the maxmemory-policy of %s: make sure it is 'noeviction' (an evicted "
+            "claim or registration makes live sessions look gone or unknown)",
+            url,
+        )
+        return
+    policy = config.get("maxmemory-policy", "noeviction")
+    if int(config.get("maxmemory", "0") or 0) > 0 and policy != "noeviction":
+        raise StartupError(
+            f"the claim store at {url} may evict keys (maxmemory-policy {policy}): an evicted "
+            "claim or registration makes live sessions look gone or unknown; set "
+            "maxmemory-policy noeviction (or no maxmemory) for its database"
+        )
 
 
 async def _call(operation: Awaitable[_T]) -> _T:
@@ -359,8 +404,10 @@ class WorkerRegistry:
         worker_id: str,
         signer: EntrySigner,
         clock: Callable[[], float] = time.monotonic,
+        renewal_client: redis.Redis | None = None,
     ) -> None:
         self.client = client
+        self.renewal_client = renewal_client
         self.worker_id = worker_id
         self.signer = signer
         self.key_prefix = REGISTRATION_PREFIX
@@ -443,23 +490,67 @@ class WorkerRegistry:
         existed = await self._write("renew")
         return existed and self.epoch == epoch and not may_have_lapsed
 
+    def _register_args(self, mode: str) -> dict[str, list[Any]]:
+        return {
+            "keys": [self.key_prefix + self.worker_id, _EPOCH_KEY],
+            "args": [
+                self._registration,
+                int(REGISTRATION_SECONDS * 1000),
+                mode,
+                secrets.token_hex(8),
+            ],
+        }
+
     async def _write(self, mode: str) -> bool:
         assert self.address is not None
         started = self._clock()
-        existed, epoch = await _call(
-            self._register(
-                keys=[self.key_prefix + self.worker_id, _EPOCH_KEY],
-                args=[
-                    self._registration,
-                    int(REGISTRATION_SECONDS * 1000),
-                    mode,
-                    secrets.token_hex(8),
-                ],
-            )
-        )
+        existed, epoch = await _call(self._register(**self._register_args(mode)))
         self.last_registered = started
         self.epoch = epoch
         return bool(existed)
+
+    def renew_blocking(self) -> bool:
+        """`renew` from a thread, on the blocking client (the event loop may be busy).
+
+        Raises:
+            ClaimsUnavailableError: Redis cannot be reached.
+        """
+        assert self.renewal_client is not None and self.address is not None
+        epoch = self.epoch
+        may_have_lapsed = not self.registered_within(REGISTRATION_SECONDS)
+        started = self._clock()
+        script = self.renewal_client.register_script(_REGISTER)
+        try:
+            existed, new_epoch = script(**self._register_args("renew"))
+        except (redis.RedisError, OSError) as exc:
+            raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
+        self.last_registered = started
+        self.epoch = new_epoch
+        return bool(existed) and new_epoch == epoch and not may_have_lapsed
+
+    def start_renewal_thread(self) -> threading.Event:
+        """Renew the registration from a thread of its own until the returned event is set.
+
+        A long ``env.step`` or any stall of the event loop must not let the
+        registration lapse: the worker is busy, not gone. Restores and reaping
+        still run on the loop (`run_heartbeat` picks up what the thread found).
+        """
+        stop = threading.Event()
+
+        def renew_until_stopped() -> None:
+            while not stop.wait(HEARTBEAT_SECONDS):
+                try:
+                    if not self.renew_blocking():
+                        self._restore_due = True
+                except ClaimsUnavailableError as exc:
+                    logger.warning("worker %s: claim store unreachable: %s", self.worker_id, exc)
+                except Exception:
+                    logger.exception("worker %s: renewing its registration failed", self.worker_id)
+
+        threading.Thread(
+            target=renew_until_stopped, name=f"gym-sessions-heartbeat-{self.worker_id}", daemon=True
+        ).start()
+        return stop
 
     async def unregister(self) -> None:
         """Remove this worker's registration: its sessions get 410 at once."""
@@ -479,16 +570,22 @@ class WorkerRegistry:
         """
         beat = secrets.randbelow(REAP_EVERY_BEATS)
         maintenance: asyncio.Task[None] | None = None
+        # With a blocking client, a thread renews (a busy loop cannot stall it);
+        # this loop only runs the upkeep the renewals ask for.
+        stop_thread = self.start_renewal_thread() if self.renewal_client is not None else None
         try:
             while True:
                 await asyncio.sleep(HEARTBEAT_SECONDS)
                 beat += 1
-                try:
-                    if not await self.renew():
-                        self._restore_due = True
-                except ClaimsUnavailableError as exc:
-                    logger.warning("worker %s: claim store unreachable: %s", self.worker_id, exc)
-                    continue
+                if stop_thread is None:
+                    try:
+                        if not await self.renew():
+                            self._restore_due = True
+                    except ClaimsUnavailableError as exc:
+                        logger.warning(
+                            "worker %s: claim store unreachable: %s", self.worker_id, exc
+                        )
+                        continue
                 if maintenance is not None and not maintenance.done():
                     continue
                 if self._restore_due:
@@ -497,6 +594,8 @@ class WorkerRegistry:
                 elif reap is not None and beat % REAP_EVERY_BEATS == 0:
                     maintenance = asyncio.create_task(self._maintain(reap, restore=False))
         finally:
+            if stop_thread is not None:
+                stop_thread.set()
             if maintenance is not None:
                 maintenance.cancel()
 
@@ -570,11 +669,45 @@ class RedisClaimStore:
         )
 
     async def create(self, session_id: str, *, restoring: bool = False) -> str | None:
-        """`ClaimStore.create`; ``restoring`` writes a claim back even while Redis settles."""
+        """`ClaimStore.create`; ``restoring`` writes a claim back even while Redis settles.
+
+        A claim that vanished from Redis while its worker's index still lists it
+        is written back for that worker (if it is registered) rather than taken
+        over: one session never gets two envs.
+        """
         found = await self._run(
-            self._create, session_id, *self._lookup_args(), "1" if restoring else "0"
+            self._create,
+            session_id,
+            *self._lookup_args(),
+            "1" if restoring else "0",
+            self.worker_id,
+            self.index_prefix,
         )
+        if found and found[0] == "" and found[1] == "lost":
+            return await self._give_back(session_id, found[2], found[3] if len(found) > 3 else None)
         return self._holder(session_id, found)
+
+    async def _give_back(self, session_id: str, worker_id: str, registration: str | None) -> str:
+        """Write back the vanished claim of ``worker_id``; returns that worker's id.
+
+        Raises:
+            ClaimsUnavailableError: that worker is not registered (it may be slow
+                or gone: nobody can tell yet), or the claim is held meanwhile.
+        """
+        if registration is None:
+            raise ClaimsUnavailableError(
+                f"the claim of this session vanished from the claim store while worker "
+                f"{worker_id} indexes it, and that worker is not registered; retry shortly"
+            )
+        address = self.registry.signer.read_registration(worker_id, registration)
+        name = claim_name(session_id)
+        value = self.registry.signer.claim_value(name, worker_id, address)
+        written = await _call(self.client.set(self.claim_prefix + name, value, nx=True))
+        if not written:
+            raise ClaimsUnavailableError("the claim of this session changed meanwhile; retry")
+        logger.warning("claim of a session held by worker %s had vanished: written back", worker_id)
+        self.registry.remember(worker_id, registration, address)
+        return worker_id
 
     async def read(self, session_id: str) -> str | None:
         found = await _call(self._read(keys=[self.key(session_id)], args=self._lookup_args()))
@@ -642,5 +775,7 @@ class RedisClaimStore:
         return reaped
 
     async def close(self) -> None:
-        """Close the client's connections."""
+        """Close the clients' connections."""
         await self.client.aclose()
+        if self.registry.renewal_client is not None:
+            self.registry.renewal_client.close()

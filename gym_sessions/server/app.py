@@ -46,6 +46,7 @@ from gym_sessions.routing.redis_claims import (
     RedisClaimStore,
     WorkerRegistry,
     connect_redis,
+    connect_redis_blocking,
 )
 from gym_sessions.routing.router import SessionRouter
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
@@ -142,7 +143,10 @@ class WorkerApp:
             # Several hosts: claims and worker addresses in Redis, private
             # listeners on TCP, forwarded requests signed with the secret.
             self.registry = WorkerRegistry(
-                connect_redis(settings.claims), self.worker_id, EntrySigner(settings.secret)
+                connect_redis(settings.claims),
+                self.worker_id,
+                EntrySigner(settings.secret),
+                renewal_client=connect_redis_blocking(settings.claims),
             )
             store = self.redis_store = RedisClaimStore(
                 self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS

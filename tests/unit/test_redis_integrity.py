@@ -122,3 +122,21 @@ async def test_forwarding_only_goes_to_peer_networks(hosts):
     assert c[0].server.counts[sid] == 0
     # Served where it is held.
     assert (await c[0].request("POST", "/touch", cookie=cookie)).status == 200
+
+
+async def test_a_vanished_claim_is_written_back_for_its_holder_not_taken_over(hosts):
+    c = await hosts(3)
+    sid, cookie = await _start(c)
+    await c[0].request("POST", "/touch", cookie=cookie)
+    for attempt in range(3):
+        c.redis().delete(RedisClaimStore.key(sid))  # evicted, a stray DEL, a lost write
+        # A cookie request and a typed start (the owner retrying by key) elsewhere:
+        # both reach the holder, which still has the one env.
+        touched = await c[1 + attempt % 2].request("POST", "/touch", cookie=cookie)
+        assert touched.status == 200 and touched.json["worker"] == c[0].id
+        assert touched.json["count"] == 2 + attempt
+        assert c.claim_owner(sid) == c[0].id
+    c.redis().delete(RedisClaimStore.key(sid))
+    restart = await c[2].request("POST", "/reset", {"resources_session_id": sid})
+    assert restart.status == 200 and restart.json["worker"] == c[0].id
+    assert sum(sid in w.server.counts for w in c.workers) == 1  # one env, on its holder
