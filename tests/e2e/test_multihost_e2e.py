@@ -13,6 +13,7 @@ import asyncio
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -69,10 +70,10 @@ def deploy(serve, redis_server, tmp_path) -> Iterator[Callable[..., Deployment]]
     require_or_skip("nginx", "nginx")
     proxies: list[NginxProcess] = []
 
-    def _deploy(*args: str, routed: bool = True) -> Deployment:
+    def _deploy(*args: str, routed: bool = True, target: str = COUNTER) -> Deployment:
         claims = ("--claims", redis_server.url) if routed else ("--no-routing",)
         hosts = [
-            serve(COUNTER, *claims, "--secret-file", secret_file, "--window", WINDOW, *args,
+            serve(target, *claims, "--secret-file", secret_file, "--window", WINDOW, *args,
                   workers=WORKERS_PER_HOST)
             for _ in range(2)
         ]  # fmt: skip
@@ -361,3 +362,102 @@ def test_reload_of_one_host_loses_no_episode(deploy):
         time.sleep(0.2)
     assert not old_workers & d.registered_workers()
     assert len(d.registered_workers()) == 2 * WORKERS_PER_HOST
+
+
+def test_an_evicting_redis_is_refused_at_start_up(short_tmp, redis_server, tmp_path):
+    client = redis.Redis.from_url(redis_server.url)
+    client.config_set("maxmemory", "64mb")
+    client.config_set("maxmemory-policy", "volatile-lru")
+    client.close()
+    secret_file = str(tmp_path / "secret")
+    write_secret_file(secret_file, secrets.token_hex(32))
+    code, _, stderr = run_module(
+        "serve", COUNTER, "--port", "0", "--claims", redis_server.url,
+        "--secret-file", secret_file, timeout=60, cwd=short_tmp,
+    )  # fmt: skip
+    assert code == 2
+    assert "maxmemory-policy volatile-lru" in stderr and "noeviction" in stderr
+
+
+def test_a_worker_busy_with_a_long_step_is_not_taken_for_gone(deploy):
+    """A 12 s step blocks its worker's event loop past the 10 s registration: its
+    other sessions wait for it (200 afterwards), never 410, and it stays registered."""
+    d = deploy(target="tests.e2e.slow_env:SlowCounterEnv")
+    episodes = make_episodes(12, seed=43)
+
+    async def main():
+        async with client_session() as client:
+            cookies = {}
+            for episode in episodes:
+                body = {
+                    "resources_session_id": episode.session_id,
+                    "session_key": episode.session_key,
+                    "options": {"initial_count": episode.initial, "step_seconds": 0},
+                }
+                async with client.post(d.url + "/reset", json=body) as reply:
+                    assert reply.status == 200
+                    cookies[episode.session_id] = reply.cookies["gym_session"].value
+            owners = {e.session_id: d.owner(e.session_id) for e in episodes}
+            busy_worker = next(w for w in owners.values() if list(owners.values()).count(w) > 1)
+            slow, other = [e for e in episodes if owners[e.session_id] == busy_worker][:2]
+            # Make one session's steps slow: restart it with step_seconds 12, by its key.
+            body = {
+                "resources_session_id": slow.session_id,
+                "session_key": slow.session_key,
+                "options": {"initial_count": 0, "step_seconds": 12},
+            }
+            async with client.post(d.url + "/reset", json=body) as reply:
+                assert reply.status == 200
+
+            async def step(episode: Episode) -> int:
+                headers = {"Cookie": f"gym_session={cookies[episode.session_id]}"}
+                async with client.post(
+                    d.url + "/step", json={"action": 1}, headers=headers
+                ) as reply:
+                    return reply.status
+
+            blocking = asyncio.ensure_future(step(slow))
+            registered = []
+            for _ in range(22):  # 11 s: past the registration's 10 s lifetime
+                await asyncio.sleep(0.5)
+                registered.append(busy_worker in d.registered_workers())
+            waiting = await step(other)  # answered once the long step is done
+            return await blocking, waiting, registered
+
+    slow_status, other_status, registered = asyncio.run(main())
+    assert (slow_status, other_status) == (200, 200)
+    assert all(registered)
+
+
+def test_claims_deleted_under_load_never_split_a_session(deploy):
+    """A stray DEL (or an eviction) of live claims while 150 episodes run through nginx:
+    every claim is written back for its holder; no episode sees a second env."""
+    d = deploy()
+    episodes = make_episodes(150, seed=44)
+    stop = threading.Event()
+    deleted = [0]
+
+    def delete_claims() -> None:
+        client = redis.Redis.from_url(d.redis.url, decode_responses=True)
+        try:
+            while not stop.wait(0.05):
+                keys = list(client.scan_iter(match=RedisClaimStore.claim_prefix + "*", count=500))
+                for key in keys[::3]:
+                    deleted[0] += client.delete(key)
+        finally:
+            client.close()
+
+    vandal = threading.Thread(target=delete_claims)
+    vandal.start()
+    try:
+        played = asyncio.run(play_all(d.url, episodes))
+    finally:
+        stop.set()
+        vandal.join(10)
+    assert deleted[0] > 50
+    assert [e.reward for e in played] == [1.0] * len(played), [
+        (e.statuses, e.error_codes) for e in played if e.reward != 1.0
+    ][:5]
+    # Never a second env: no session was ever unknown or gone to its client.
+    codes = {code for e in played for code in e.error_codes}
+    assert not codes & {"no_open_episode", "session_gone", "session_conflict"}, codes
