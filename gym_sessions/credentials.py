@@ -13,6 +13,20 @@ tools it may call, and cannot widen either. Cookies and tokens use different
 keys and formats, so one can never pass as the other. Both expire after
 `COOKIE_MAX_AGE_SECONDS` (14 days), like Starlette's cookie.
 
+Clock skew: with several hosts, a credential minted on one host is read on
+another, whose clock may be behind. Both kinds are accepted from
+`CLOCK_SKEW_SECONDS` (60 s) in the reader's future up to
+`COOKIE_MAX_AGE_SECONDS` in its past, in whole seconds of ``int(time.time())``
+at both ends. For tokens that is Fernet's own rule (``cryptography.fernet``
+refuses a timestamp more than its ``_MAX_CLOCK_SKEW = 60`` seconds ahead); for
+cookies ``decode_cookie`` applies the same rule, since itsdangerous refuses any
+cookie signed even one second in the future. The skew never lengthens the
+maximum age: expiry is judged on the reader's clock, so a credential minted
+on a host running ``s`` seconds ahead lives ``s`` seconds longer elsewhere, one
+from a host behind ``s`` seconds shorter. (Forwarded requests between hosts
+have a tighter window of their own, 30 s either side:
+`gym_sessions.routing.forward_signature`.)
+
 A ``session_key`` (the client's proof for typed starts and closes without a
 cookie) is never stored: only an HMAC of it, bound to the session id.
 """
@@ -31,9 +45,18 @@ from typing import Any
 import itsdangerous
 from cryptography.fernet import Fernet, InvalidToken
 
-__all__ = ["COOKIE_MAX_AGE_SECONDS", "INCARNATION_KEY", "SessionCredentials", "SessionToken"]
+__all__ = [
+    "CLOCK_SKEW_SECONDS",
+    "COOKIE_MAX_AGE_SECONDS",
+    "INCARNATION_KEY",
+    "SessionCredentials",
+    "SessionToken",
+]
 
 COOKIE_MAX_AGE_SECONDS = 14 * 24 * 60 * 60
+#: How far in the reader's future a cookie's or token's timestamp may be (another
+#: host's clock running ahead). Fernet's built-in tolerance, applied to cookies too.
+CLOCK_SKEW_SECONDS = 60
 #: Key of the session's incarnation nonce in the cookie data (beside its id).
 INCARNATION_KEY = "incarnation"
 
@@ -75,8 +98,14 @@ class SessionCredentials:
 
     def decode_cookie(self, value: str) -> dict[str, Any] | None:
         """The data of a cookie value, or ``None`` if it is tampered, expired or malformed."""
+        signer = self._cookie_signer
         try:
-            payload = self._cookie_signer.unsign(value, max_age=COOKIE_MAX_AGE_SECONDS)
+            # No max_age: itsdangerous would refuse a cookie signed by a host whose
+            # clock is even a second ahead ("Signature age -1 < 0").
+            payload, signed_at = signer.unsign(value, return_timestamp=True)
+            age = signer.get_timestamp() - int(signed_at.timestamp())
+            if not -CLOCK_SKEW_SECONDS <= age <= COOKIE_MAX_AGE_SECONDS:
+                return None
             data = json.loads(b64decode(payload, validate=True))
         except (itsdangerous.BadSignature, binascii.Error, ValueError):
             return None
@@ -100,6 +129,7 @@ class SessionCredentials:
 
     def read_token(self, token: str) -> SessionToken | None:
         """What a token carries, or ``None`` if it is not one of ours or has expired."""
+        # Fernet accepts timestamps up to 60 s ahead of this clock (CLOCK_SKEW_SECONDS).
         try:
             data = json.loads(
                 self._token_cipher.decrypt(token.encode("ascii"), ttl=COOKIE_MAX_AGE_SECONDS)

@@ -8,7 +8,12 @@ import time
 import itsdangerous.timed
 import pytest
 
-from gym_sessions.credentials import COOKIE_MAX_AGE_SECONDS, SessionCredentials, SessionToken
+from gym_sessions.credentials import (
+    CLOCK_SKEW_SECONDS,
+    COOKIE_MAX_AGE_SECONDS,
+    SessionCredentials,
+    SessionToken,
+)
 
 CREDENTIALS = SessionCredentials("secret-one-" + "x" * 20, "gym_session")
 OTHER = SessionCredentials("secret-two-" + "y" * 20, "gym_session")
@@ -75,6 +80,80 @@ def test_tokens_expire():
     assert CREDENTIALS.read_token(old.decode()) is None
     fresh = CREDENTIALS._token_cipher.encrypt(b'{"sid": "a", "inc": "n"}')
     assert CREDENTIALS.read_token(fresh.decode()) == SessionToken("a", "n")
+
+
+# Clock skew -----------------------------------------------------------------------------------
+
+NOW = 1_800_000_000.25  # a fixed reader's clock, a quarter past a whole second
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """``clock(t)`` sets ``time.time()`` (itsdangerous and Fernet read it) to ``t``."""
+
+    def set_clock(t: float) -> None:
+        monkeypatch.setattr(time, "time", lambda: t)
+
+    return set_clock
+
+
+def _cookie_and_token_minted_at(clock, t: float) -> tuple[str, str]:
+    clock(t)
+    cookie = CREDENTIALS.encode_cookie({"session_id": "a"})
+    token = CREDENTIALS.mint_token("a", "n")
+    clock(NOW)
+    return cookie, token
+
+
+def test_the_skew_bound_is_at_least_five_seconds():
+    assert CLOCK_SKEW_SECONDS == 60  # the README and the module docstring say so
+    assert CLOCK_SKEW_SECONDS >= 5
+
+
+@pytest.mark.parametrize(
+    "ahead",
+    [0.1, 0.5, 0.75, 1, 2, 5, 30, CLOCK_SKEW_SECONDS - 0.25, CLOCK_SKEW_SECONDS + 0.5],
+)
+def test_credentials_from_a_host_whose_clock_is_ahead_within_the_bound_are_accepted(clock, ahead):
+    # Whole seconds at both ends: up to CLOCK_SKEW_SECONDS + 0.75 s (reader at .25) passes.
+    cookie, token = _cookie_and_token_minted_at(clock, NOW + ahead)
+    assert CREDENTIALS.decode_cookie(cookie) == {"session_id": "a"}
+    assert CREDENTIALS.read_token(token) == SessionToken("a", "n")
+
+
+@pytest.mark.parametrize("ahead", [CLOCK_SKEW_SECONDS + 0.75, CLOCK_SKEW_SECONDS + 2, 3600, 10**8])
+def test_credentials_from_further_in_the_future_are_refused(clock, ahead):
+    cookie, token = _cookie_and_token_minted_at(clock, NOW + ahead)
+    assert CREDENTIALS.decode_cookie(cookie) is None
+    assert CREDENTIALS.read_token(token) is None
+    # Not for good: once the reader's clock catches up they are fine.
+    clock(NOW + ahead)
+    assert CREDENTIALS.decode_cookie(cookie) == {"session_id": "a"}
+    assert CREDENTIALS.read_token(token) == SessionToken("a", "n")
+
+
+@pytest.mark.parametrize(
+    ("age", "accepted"),
+    [
+        (COOKIE_MAX_AGE_SECONDS - 30, True),
+        (COOKIE_MAX_AGE_SECONDS, True),
+        (COOKIE_MAX_AGE_SECONDS + 1, False),
+        # The skew does not lengthen the maximum age (whatever host minted it).
+        (COOKIE_MAX_AGE_SECONDS + CLOCK_SKEW_SECONDS // 2, False),
+        (COOKIE_MAX_AGE_SECONDS + CLOCK_SKEW_SECONDS, False),
+    ],
+)
+def test_maximum_age_is_judged_on_the_readers_clock_without_skew(clock, age, accepted):
+    cookie, token = _cookie_and_token_minted_at(clock, NOW - age)
+    assert (CREDENTIALS.decode_cookie(cookie) is not None) is accepted
+    assert (CREDENTIALS.read_token(token) is not None) is accepted
+
+
+def test_future_dated_credentials_still_need_the_secret(clock):
+    cookie, token = _cookie_and_token_minted_at(clock, NOW + 10)
+    assert OTHER.decode_cookie(cookie) is None
+    assert OTHER.read_token(token) is None
+    assert CREDENTIALS.decode_cookie(cookie[:-2] + "xx") is None
 
 
 @pytest.mark.parametrize(
