@@ -13,6 +13,8 @@ folder is on ``sys.path``). It owns:
 - `accepting_pid`: which server process holds the server end of a client's TCP
   connection (from ``/proc``), to classify requests of clients we do not own;
 - `tree_cpu_seconds`: CPU time of a process and its descendants (``/proc``);
+- `worktrees` and `start_revision_server`: earlier commits checked out side by
+  side (``git worktree``) and served from their own code, checked per process;
 - the load generator: ``python benchmarks/_common.py load ...`` plays counter
   episodes in a separate process and prints one JSON line; `run_load` runs it.
 """
@@ -22,18 +24,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import http.client
 import json
 import os
 import platform
 import re
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -294,6 +299,114 @@ def accepting_pid(server_pid: int, server_port: int, client_port: int) -> int | 
                     if os.readlink(f"/proc/{process}/fd/{fd}") == target:
                         return process
     return None
+
+
+# Revisions side by side (git worktrees) ----------------------------------------------------
+
+PROBE_DIR_ENV = "GYM_BENCH_PROBE_DIR"
+_PROBE_PATH = os.path.join(REPO, "benchmarks", "revision_probe")
+
+
+@dataclasses.dataclass
+class Revision:
+    """A commit checked out read-only in its own ``git worktree`` under /tmp.
+
+    Attributes:
+        label: The name the caller gave (``f720c20``, ``HEAD``).
+        commit: The full commit hash.
+        path: The worktree.
+    """
+
+    label: str
+    commit: str
+    path: str
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", REPO, *args], capture_output=True, text=True, check=True, timeout=120
+    )
+    return done.stdout.strip()
+
+
+@contextlib.contextmanager
+def worktrees(labels: Sequence[str]) -> Iterator[list[Revision]]:
+    """Check out each commit in ``labels`` in a detached worktree; removed on exit.
+
+    Only ``git worktree add --detach`` and ``git worktree remove --force``: the
+    repository's branches, index and working tree are left alone.
+    """
+    revisions: list[Revision] = []
+    try:
+        for label in labels:
+            commit = _git("rev-parse", "--verify", f"{label}^{{commit}}")
+            path = tempfile.mkdtemp(prefix=f"gs-rev-{commit[:7]}-", dir="/tmp")
+            os.rmdir(path)  # git creates it
+            _git("worktree", "add", "--detach", path, commit)
+            revisions.append(Revision(label, commit, path))
+        yield revisions
+    finally:
+        for revision in revisions:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _git("worktree", "remove", "--force", revision.path)
+
+
+def start_revision_server(
+    revision: Revision, target: str, *args: str, workers: int, secret: str | None = None
+) -> Any:
+    """`start_server` importing ``revision``'s code; checks every process imported it.
+
+    The server runs in the worktree (``env -C``: ``python -m`` puts the current
+    directory first on ``sys.path``) with the worktree first on ``PYTHONPATH``,
+    so neither /work's editable install nor this checkout is imported. The
+    probe (``benchmarks/revision_probe/sitecustomize.py``) reports the
+    ``gym_sessions.__file__`` of the supervisor and of every worker; any of
+    them outside the worktree raises. The evidence is kept in ``.imported``.
+    """
+    from gym_sessions.server_process import start_server
+
+    probe_dir = tempfile.mkdtemp(prefix="gs-probe-", dir="/tmp")
+    env = {"PYTHONPATH": f"{revision.path}:{_PROBE_PATH}", PROBE_DIR_ENV: probe_dir}
+    server = start_server(
+        target,
+        *args,
+        workers=workers,
+        env=env,
+        secret=secret,
+        launcher=("env", "-C", revision.path),
+    )
+    try:
+        server.imported = _imported_by(server, probe_dir, workers)
+        outside = {
+            pid: path
+            for pid, path in server.imported.items()
+            if not path.startswith(revision.path + os.sep)
+        }
+        if outside:
+            raise RuntimeError(f"{revision.label}: imported outside {revision.path}: {outside}")
+    except BaseException:
+        server.stop()
+        raise
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
+    return server
+
+
+def _imported_by(server: Any, probe_dir: str, workers: int, within: float = 30.0) -> dict:
+    """``{pid: gym_sessions.__file__}`` of the supervisor and each worker (waits for the probe)."""
+    deadline = time.monotonic() + within
+    while True:
+        pids = [server.process.pid, *server.worker_pids()]
+        found = {}
+        for pid in pids:
+            path = os.path.join(probe_dir, f"{pid}.json")
+            with contextlib.suppress(OSError, ValueError), open(path) as file:
+                found[pid] = json.load(file)["gym_sessions"]
+        if len(pids) == workers + 1 and len(found) == len(pids):
+            return found
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the probe saw {found} of processes {pids}")
+        time.sleep(0.1)
 
 
 # Raw kept-alive connections ----------------------------------------------------------------

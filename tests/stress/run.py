@@ -4,13 +4,17 @@
     .venv/bin/python -m tests.stress.run --scale small   # the default-suite subset
     .venv/bin/python -m tests.stress.run --env-workers 8
     .venv/bin/python -m tests.stress.run --hosts 2       # two hosts, Redis claims, nginx
+    .venv/bin/python -m tests.stress.run --scale small --hog --repeat 5   # under a CPU hog
 
-Prints the table and writes benchmarks/results/stress[_small].json. The env
+Prints the table and writes benchmarks/results/stress[_small].json (with
+``--hog``: ``stress_small_hog.json``, every repetition's rows). The env
 server is the counter with injected faults (tests/stress/targets.py) at 4 (or
 8) workers, the agent is envs.counter:CounterAgent at 4 workers, and
 session_close_retry_window_seconds is 5 s. Real processes on loopback. With
 ``--hosts 2`` the checks that go through a load balancer run against two env
 hosts (2 workers each) sharing claims in a real redis-server behind nginx.
+With ``--hog`` every repetition runs while one busy loop per core (other
+processes, tests/stress/hog.py) competes for the CPU.
 """
 
 from __future__ import annotations
@@ -22,13 +26,18 @@ import json
 import os
 import platform
 import secrets
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gym_sessions.local_services import run_nginx, run_redis
 from gym_sessions.server_process import start_server, wait_for_registrations
 from tests.stress import scenarios
+from tests.stress.hog import cpu_hog
 from tests.stress.scenarios import Row
+from tests.stress.targets import FAULT_DIR_ENV
 
 RESULTS_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results")
 ENV_TARGET = "tests.stress.targets:FaultyCounterServer"
@@ -47,6 +56,16 @@ FULL = Sizes(runs=(4_000, 10_000), each=1_000, killed=400)
 SMALL = Sizes(runs=(300,), each=200, killed=80)
 
 
+@contextlib.contextmanager
+def fault_dir() -> Iterator[str]:
+    """A private directory for the held-back replies' markers (tests/stress/targets.py)."""
+    path = tempfile.mkdtemp(prefix="gs-faults-", dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def run_suite(
     sizes: Sizes, *, env_workers: int = 4, agent_workers: int = 4, window: float = 5.0
 ) -> list[Row]:
@@ -54,7 +73,8 @@ def run_suite(
     args = ("--window", str(window))
     rows: list[Row] = []
     with (
-        start_server(ENV_TARGET, *args, workers=env_workers) as env,
+        fault_dir() as faults,
+        start_server(ENV_TARGET, *args, workers=env_workers, env={FAULT_DIR_ENV: faults}) as env,
         start_server(AGENT_TARGET, *args, workers=agent_workers) as agent,
         start_server(TALLY_TARGET, *args, workers=4) as tally,
     ):
@@ -63,7 +83,7 @@ def run_suite(
             for n in sizes.runs:
                 rows.append(await scenarios.run_episodes(agent.url, env.url, n))
             rows.append(await scenarios.failed_seeds(env.url, sizes.each))
-            rows.append(await scenarios.dropped_replies(env.url, sizes.each))
+            rows.append(await scenarios.dropped_replies(env.url, sizes.each, faults))
             rows.append(await scenarios.close_before_seed(env.url, sizes.each))
             rows.append(await scenarios.blind_starts(tally, 4, sizes.each))
             rows.append(await scenarios.mcp_sequences(env.url, sizes.each))
@@ -96,10 +116,17 @@ def run_multihost_suite(
     rows: list[Row] = []
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(run_redis())
+        faults = stack.enter_context(fault_dir())
         args = ("--window", str(window), "--claims", store.url)
         hosts = [
             stack.enter_context(
-                start_server(ENV_TARGET, *args, workers=workers_per_host, secret=secret)
+                start_server(
+                    ENV_TARGET,
+                    *args,
+                    workers=workers_per_host,
+                    secret=secret,
+                    env={FAULT_DIR_ENV: faults},
+                )
             )
             for _ in range(2)
         ]
@@ -111,7 +138,7 @@ def run_multihost_suite(
             for n in sizes.runs:
                 rows.append(await scenarios.run_episodes(agent.url, balancer.url, n))
             rows.append(await scenarios.failed_seeds(balancer.url, sizes.each))
-            rows.append(await scenarios.dropped_replies(balancer.url, sizes.each))
+            rows.append(await scenarios.dropped_replies(balancer.url, sizes.each, faults))
             rows.append(await scenarios.close_before_seed(balancer.url, sizes.each))
             rows.append(await scenarios.mcp_sequences(balancer.url, sizes.each))
             for host in hosts:
@@ -140,36 +167,58 @@ def main() -> None:
     parser.add_argument(
         "--hosts", type=int, choices=[1, 2], default=1, help="2: two hosts with Redis claims"
     )
+    parser.add_argument(
+        "--hog", action="store_true", help="run while one busy loop per core competes"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="run the suite this many times")
     args = parser.parse_args()
     sizes = FULL if args.scale == "full" else SMALL
     started = time.perf_counter()
-    if args.hosts == 2:
-        rows = run_multihost_suite(sizes)
-    else:
-        rows = run_suite(sizes, env_workers=args.env_workers, agent_workers=args.agent_workers)
+    runs: list[dict] = []
+    with cpu_hog() if args.hog else contextlib.nullcontext():
+        for repetition in range(args.repeat):
+            run_started = time.perf_counter()
+            if args.hosts == 2:
+                rows = run_multihost_suite(sizes)
+            else:
+                rows = run_suite(
+                    sizes, env_workers=args.env_workers, agent_workers=args.agent_workers
+                )
+            seconds = time.perf_counter() - run_started
+            print(format_table(rows))
+            passed = all(r.ok for r in rows)
+            print(
+                f"\nrun {repetition + 1} of {args.repeat}: all checks passed: {passed}; "
+                f"{seconds:.0f} s\n",
+                flush=True,
+            )
+            runs.append({"seconds": seconds, "rows": [row.as_dict() for row in rows]})
     total = time.perf_counter() - started
-    print(format_table(rows))
-    print(f"\nall checks passed: {all(r.ok for r in rows)}; {total:.0f} s in all")
+    failed_runs = sum(not all(row["ok"] for row in run["rows"]) for run in runs)
+    print(f"{len(runs) - failed_runs} of {len(runs)} runs passed every check; {total:.0f} s in all")
     name = "stress.json" if args.scale == "full" else "stress_small.json"
     if args.hosts == 2:
         name = name.replace(".json", "_2hosts.json")
     elif args.env_workers != 4:
         name = name.replace(".json", f"_{args.env_workers}workers.json")
+    if args.hog:
+        name = name.replace(".json", "_hog.json")
+    report = {
+        "scale": args.scale,
+        "env_workers": args.env_workers if args.hosts == 1 else "2 hosts x 2",
+        "agent_workers": args.agent_workers,
+        "window_seconds": 5.0,
+        "cpu_hog": f"{os.cpu_count()} busy loops (tests/stress/hog.py)" if args.hog else None,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "seconds": total,
+        "rows": runs[-1]["rows"],
+    }
+    if args.repeat > 1:
+        report["runs_passed"] = len(runs) - failed_runs
+        report["runs"] = runs
     path = os.path.normpath(os.path.join(RESULTS_DIR, name))
     with open(path, "w") as file:
-        json.dump(
-            {
-                "scale": args.scale,
-                "env_workers": args.env_workers if args.hosts == 1 else "2 hosts x 2",
-                "agent_workers": args.agent_workers,
-                "window_seconds": 5.0,
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "seconds": total,
-                "rows": [row.as_dict() for row in rows],
-            },
-            file,
-            indent=2,
-        )
+        json.dump(report, file, indent=2)
     print(f"wrote {path}")
 
 

@@ -8,6 +8,7 @@ reference's sizes, the default test suite a few hundred.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -29,10 +30,14 @@ from envs.counter_load import (
 )
 from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.server_process import ServerProcess
+from tests.stress.targets import FAULT_HEADER, MARK_HEADER, mark_path
 
 COOKIE = "gym_session"
-# The client gives up on a delayed reply after this long (the server delays by 1 s).
-DROP_AFTER_SECONDS = 0.3
+# Bounds, never expectations: a held-back reply's marker appears within this long
+# (its request may queue behind a burst of others on a loaded machine) ...
+MARK_WITHIN_SECONDS = 60.0
+# ... and a SIGKILLed worker is dead within this long.
+DEATH_WITHIN_SECONDS = 30.0
 
 
 @dataclass
@@ -138,34 +143,116 @@ async def failed_seeds(env_url: str, n: int) -> Row:
 # Seeds whose first reply is dropped or cut off, retried without a cookie -----------------------
 
 
-async def dropped_replies(env_url: str, n: int) -> Row:
+class _Marks:
+    """Watches the marker directory: a held-back reply's marker means its start has run."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.waiting: dict[str, asyncio.Event] = {}
+
+    def expect(self, mark: str) -> asyncio.Event:
+        self.waiting[mark] = event = asyncio.Event()
+        return event
+
+    async def watch(self) -> None:
+        while True:
+            if self.waiting:
+                present = set(os.listdir(self.directory))
+                for mark in [m for m in self.waiting if m in present]:
+                    self.waiting.pop(mark).set()
+            await asyncio.sleep(0.01)
+
+
+async def dropped_replies(env_url: str, n: int, fault_dir: str) -> Row:
+    """A start whose reply the client never sees (or sees cut) is retried by id and key alone.
+
+    The first attempt's reply is broken only after the server ran the start:
+    ``cut`` sends the headers (status 200) and half the body; ``delay`` holds
+    the whole reply back until the client, told by a marker file in
+    ``fault_dir`` that the start ran, has closed the connection
+    (tests/stress/targets.py). Only then is the retry sent: the same typed id
+    and session key, no cookie. It must reach the same session (every status
+    200, the same id) and the episode must score 1.0. No step depends on how
+    fast the machine is; the detail counts each kind of failure.
+    """
+    marks = _Marks(fault_dir)
+    failures: dict[str, int] = {}
+
+    def failed(reason: str) -> bool:
+        failures[reason] = failures.get(reason, 0) + 1
+        return False
+
+    async def drop_after_run(client: aiohttp.ClientSession, body: dict) -> str | None:
+        mark = uuid.uuid4().hex
+        ran = marks.expect(mark)
+        headers = {FAULT_HEADER.decode(): "delay", MARK_HEADER.decode(): mark}
+
+        async def send() -> None:
+            async with client.post(env_url + "/seed_session", json=body, headers=headers) as r:
+                await r.read()
+
+        request = asyncio.create_task(send())
+        waiting = asyncio.create_task(ran.wait())
+        try:
+            await asyncio.wait(
+                {request, waiting},
+                timeout=MARK_WITHIN_SECONDS,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if request.done():  # a reply or an error, while the server should hold it back
+                return "first reply arrived" if request.exception() is None else "first failed"
+            if not ran.is_set():
+                return "no marker: the start never ran"
+            return None
+        finally:
+            marks.waiting.pop(mark, None)
+            for task in (request, waiting):
+                task.cancel()  # cancelling the request closes its connection: the reply is lost
+            await asyncio.gather(request, waiting, return_exceptions=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(mark_path(fault_dir, mark))  # only now is the reply sent, into the void
+
+    async def cut_after_run(client: aiohttp.ClientSession, body: dict) -> str | None:
+        headers = {FAULT_HEADER.decode(): "cut"}
+        try:
+            async with client.post(env_url + "/seed_session", json=body, headers=headers) as r:
+                if r.status != 200:
+                    return f"first reply {r.status}"
+                await r.read()
+            return "first reply arrived whole"
+        except aiohttp.ClientPayloadError:
+            return None  # the headers say the start ran; the body was cut
+        except aiohttp.ClientError:
+            return "first failed before its headers"
+
     async def one(client: aiohttp.ClientSession, episode: Episode, fault: str) -> bool:
         body = {
             "resources_session_id": episode.session_id,
             "session_key": episode.session_key,
             "options": {"initial_count": episode.initial, "expected_count": episode.expected},
         }
-        try:
-            async with client.post(
-                env_url + "/seed_session",
-                json=body,
-                headers={"x-stress-fault": fault},
-                timeout=aiohttp.ClientTimeout(total=DROP_AFTER_SECONDS),
-            ) as reply:
-                await reply.read()
-            return False  # the fault should have broken this reply
-        except (TimeoutError, aiohttp.ClientError):
-            pass
+        first = drop_after_run if fault == "delay" else cut_after_run
+        problem = await first(client, body)
+        if problem is not None:
+            return failed(f"{fault}: {problem}")
+        named = episode.session_id
         await play(client, env_url, episode)  # the retry: same typed id and key, no cookie
-        return episode.reward == 1.0 and all(s == 200 for s in episode.statuses)
+        if episode.session_id != named or any(s != 200 for s in episode.statuses):
+            return failed(f"{fault}: retry refused or another session {episode.error_codes}")
+        return episode.reward == 1.0 or failed(f"{fault}: retried episode scored {episode.reward}")
 
     async def work() -> tuple[int, dict]:
-        async with client_session() as client:
-            episodes = make_episodes(n, seed=12)
-            done = await asyncio.gather(
-                *[one(client, e, "delay" if i % 2 else "cut") for i, e in enumerate(episodes)]
-            )
-        return sum(done), {}
+        watcher = asyncio.create_task(marks.watch())
+        try:
+            async with client_session() as client:
+                episodes = make_episodes(n, seed=12)
+                done = await asyncio.gather(
+                    *[one(client, e, "delay" if i % 2 else "cut") for i, e in enumerate(episodes)]
+                )
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        return sum(done), {"failures": failures} if failures else {}
 
     return await _timed("seeds whose first reply is dropped or cut, retried", n, work)
 
@@ -284,6 +371,25 @@ async def redis_claims_left(redis_url: str, window: float) -> Row:
 # A worker SIGKILLed with sessions open ----------------------------------------------------------
 
 
+def _dead(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+async def _wait_dead(pid: int, within: float) -> float | None:
+    """Seconds until ``pid`` had exited (polled), or ``None`` if it had not within ``within``."""
+    started = time.monotonic()
+    while not _dead(pid):
+        if time.monotonic() - started > within:
+            return None
+        await asyncio.sleep(0.01)
+    return time.monotonic() - started
+
+
 async def killed_worker(server: ServerProcess, n: int) -> Row:
     (runtime_dir,) = server.runtime_dirs()
     episodes = make_episodes(n, seed=14)
@@ -304,8 +410,10 @@ async def killed_worker(server: ServerProcess, n: int) -> Row:
             await asyncio.gather(*[start(e) for e in episodes])
             owners = {e.session_id: claim_owner(runtime_dir, e.session_id) for e in episodes}
             victim = max(set(owners.values()), key=list(owners.values()).count)
-            os.kill(int(victim.split("-")[0]), signal.SIGKILL)
-            await asyncio.sleep(0.5)
+            victim_pid = int(victim.split("-")[0])
+            os.kill(victim_pid, signal.SIGKILL)
+            # Its descriptors (the private socket's listener) are closed once it is dead.
+            dead_after = await _wait_dead(victim_pid, DEATH_WITHIN_SECONDS)
 
             async def finish(e: Episode) -> None:
                 headers = {"Cookie": f"{COOKIE}={cookies[e.session_id]}"}
@@ -332,6 +440,7 @@ async def killed_worker(server: ServerProcess, n: int) -> Row:
         )
         claims_kept = sum(claim_owner(runtime_dir, e.session_id) == victim for e in lost)
         return correct, {
+            "victim_dead_after_seconds": dead_after,
             "victim_sessions": len(lost),
             "victim_claims_kept_until_exit": claims_kept,
             "runtime_dir": runtime_dir,

@@ -1,9 +1,9 @@
 """Servers with injected failures for the stress suite (never used by production code).
 
 - `FaultyCounterServer`: the counter env whose reset fails with 500 when the
-  options ask for it, behind a middleware that delays (so the client drops it)
-  or cuts the reply of a request carrying ``x-stress-fault: delay`` or ``cut``,
-  after the app ran it.
+  options ask for it, behind a middleware that holds back (so the client drops
+  it) or cuts the reply of a request carrying ``x-stress-fault: delay`` or
+  ``cut``, after the app ran it.
 - `TallyServer`: a resources server whose session start never reads the
   session (as an agent's own untyped seed) and whose tools create per-session
   state lazily; it counts how many session states each worker created, so a
@@ -13,6 +13,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import time
 from typing import Any
 
 from starlette.middleware import Middleware
@@ -28,28 +31,68 @@ from gym_sessions.server.resources import ResourcesServer, session_id
 from gym_sessions.server.tools import Tool
 
 FAULT_HEADER = b"x-stress-fault"
-DELAY_SECONDS = 1.0
+#: Names the marker file a held-back reply creates (32 hex digits).
+MARK_HEADER = b"x-stress-mark"
+#: The directory for those marker files, shared by the servers and the client.
+FAULT_DIR_ENV = "GYM_SESSIONS_STRESS_FAULT_DIR"
+#: A held-back reply waits at most this long for its client to drop it.
+HOLD_SECONDS = 30.0
+_MARK = re.compile(rb"[0-9a-f]{32}")
 
 
 class _InjectedFault(Exception):
     pass
 
 
+def mark_path(fault_dir: str, mark: str) -> str:
+    """The marker file of a held-back reply."""
+    return os.path.join(fault_dir, mark)
+
+
+async def _hold_until_dropped(headers: dict[bytes, bytes]) -> None:
+    """Say that the app has run (the marker file), then wait until the client dropped the reply.
+
+    The client removes the marker once it has closed the connection, so the
+    reply never reaches it, however slow the machine; without a marker
+    directory or a valid mark the reply is held for `HOLD_SECONDS` and the
+    client, which never sees a marker, reports the check failed.
+    """
+    fault_dir = os.environ.get(FAULT_DIR_ENV)
+    mark = headers.get(MARK_HEADER, b"")
+    deadline = time.monotonic() + HOLD_SECONDS
+    if not fault_dir or not _MARK.fullmatch(mark):
+        await asyncio.sleep(HOLD_SECONDS)
+        return
+    path = mark_path(fault_dir, mark.decode())
+    with open(path, "x"):
+        pass
+    while time.monotonic() < deadline:
+        if not os.path.exists(path):
+            return  # the client has closed the connection
+        await asyncio.sleep(0.02)
+
+
 class FaultInjectionMiddleware:
     """Runs the request, then breaks its reply.
 
-    ``x-stress-fault: delay`` holds the reply back for a second (a client with a
-    shorter timeout never sees it: its reply is dropped); ``cut`` sends the
-    headers and half the body, then closes the connection.
+    ``x-stress-fault: delay`` holds the whole reply back until the client has
+    dropped it: once the app has run, the middleware creates the marker file
+    named by ``x-stress-mark`` in ``$GYM_SESSIONS_STRESS_FAULT_DIR``; the
+    client, seeing it, closes the connection and removes the marker, and only
+    then is the reply sent (into a closed connection). So the client never sees
+    any of the reply, and its retry always comes after the app ran the
+    request, whatever the load (a client timeout instead can fire before the
+    server has even read the request, and the abandoned request then runs in
+    the middle of the retried episode). ``cut`` sends the headers and half the
+    body, then closes the connection.
     """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        fault = (
-            dict(scope.get("headers", [])).get(FAULT_HEADER) if scope["type"] == "http" else None
-        )
+        headers = dict(scope.get("headers", [])) if scope["type"] == "http" else {}
+        fault = headers.get(FAULT_HEADER)
         if fault is None:
             await self.app(scope, receive, send)
             return
@@ -57,7 +100,7 @@ class FaultInjectionMiddleware:
         async def faulty_send(message: Message) -> None:
             if fault == b"delay":
                 if message["type"] == "http.response.start":
-                    await asyncio.sleep(DELAY_SECONDS)
+                    await _hold_until_dropped(headers)
                 await send(message)
                 return
             if message["type"] == "http.response.start":
