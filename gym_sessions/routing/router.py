@@ -273,6 +273,13 @@ class SessionRouter:
         finally:
             if routed.room is not None:
                 self.claims.give_back_room(routed.room)
+            # uvicorn keeps the scope while the connection idles: drop the parsed
+            # body and session with the request, or an idle keep-alive connection
+            # would hold them outside the body budget.
+            scope.pop(REQUEST_SESSION_KEY, None)
+            scope.pop("session", None)
+            routed.json_body = None
+            routed.data = None
 
     async def _route(
         self,
@@ -356,8 +363,11 @@ class SessionRouter:
             if not refused:
                 await send(message)
 
+        target = send_unless_refused
+        if self.worker_header is not None:
+            target = _with_header(target, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
-            await self.forwarder.forward(worker_id, scope, body, send_unless_refused)
+            await self.forwarder.forward(worker_id, scope, body, target)
         except SessionGoneError:
             return False  # a worker that exited has no room either
         return not refused
