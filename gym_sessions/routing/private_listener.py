@@ -11,28 +11,62 @@ both belong to the worker. Only uvicorn's HTTP protocol is reused, configured
 without lifespan, date or server headers, proxy-header rewriting or access lines.
 Requests that arrive here are marked, so the router handles them where they
 arrive and never forwards twice.
+
+Bounded like the public listeners, whatever the worker's own uvicorn config
+says: request heads go through `BoundedHttpProtocol` (431 and close as a head
+crosses ``_MAX_HEAD_BYTES``, before the router ever sees it, so before the
+signature is checked; 408 or a silent close for a head not complete within
+``_HEAD_TIMEOUT_SECONDS``). On TCP, idle kept-alive connections close after
+``_TCP_KEEP_ALIVE_SECONDS`` and at most ``max_connections`` are open at once
+(`_ConnectionCap`), so a flood of connections to a private port cannot take the
+descriptors the worker's public port, sessions and forwards need.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import os
+import time
 from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.server import ServerState
 
+from gym_sessions.errors import OverloadedError
+
 __all__ = ["PRIVATE_SCOPE_KEY", "PrivateListener"]
+
+logger = logging.getLogger("gym_sessions.routing")
 
 PRIVATE_SCOPE_KEY = "gym_sessions.private"
 # Forwarding clients pool connections for less than this, so the listener never
 # closes a connection a client is about to reuse. On TCP (reachable from the
-# network) idle connections go sooner; the forwarder retries a pooled
-# connection the listener closed while idle.
+# network) idle connections go sooner: forwarders close theirs after 15 s idle
+# (`stream_forwarder._IDLE_CLOSE_SECONDS`), and retry a pooled connection the
+# listener closed while idle.
 _KEEP_ALIVE_SECONDS = 3600
-_TCP_KEEP_ALIVE_SECONDS = 300
+_TCP_KEEP_ALIVE_SECONDS = 60
+# The public default (``Settings.max_header_bytes``, 64 KiB) plus room for what
+# the hop adds (the signature, ``content-length``): a head a public listener
+# admitted at its limit still fits when forwarded. A larger one is refused as
+# it crosses this, before the router (and so the signature check) sees it.
+_MAX_HEAD_BYTES = 64 * 1024 + 4 * 1024
+# Forwarders write a whole head in one go right after connecting: a head not
+# complete this long after its first byte (or a connection silent this long) is
+# not a forwarder's. As long as the public ``--header-timeout`` default, so a
+# forwarder whose loop stalls between connecting and writing is not cut off sooner.
+_HEAD_TIMEOUT_SECONDS = 30.0
+# Open connections per TCP private listener (per worker), and never more than
+# this share of the process's descriptor limit (the rest is the public port's,
+# the sessions', Redis's and the outgoing forwards').
+_MAX_TCP_CONNECTIONS = 256
+_MAX_FD_SHARE = 4
+# At most one warning about the cap per this many seconds (a flood would fill the log).
+_CAP_WARNING_SECONDS = 10.0
 
 
 class _MarkPrivate:
@@ -44,14 +78,187 @@ class _MarkPrivate:
         await self.app(scope, receive, send)
 
 
-def _quiet_protocol(protocol_class: type) -> type:
-    class QuietProtocol(protocol_class):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            # The receiving worker already logs the request once.
-            self.access_log = False
+def default_max_connections() -> int:
+    """``_MAX_TCP_CONNECTIONS``, or a quarter of a lower soft ``RLIMIT_NOFILE``."""
+    try:
+        import resource
 
-    return QuietProtocol
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return _MAX_TCP_CONNECTIONS
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return _MAX_TCP_CONNECTIONS
+    return max(1, min(_MAX_TCP_CONNECTIONS, soft // _MAX_FD_SHARE))
+
+
+class _ConnectionCap:
+    """At most ``limit`` open connections; which one goes when a new one comes at the limit.
+
+    A connection is *vouched for* once the app answered one of its requests with
+    a status below 400: on a TCP private listener only a request with a valid
+    forward signature gets that far (everything unsigned gets 403, oversized
+    heads 431, unparsable ones uvicorn's 400), so only peer workers' connections
+    are ever vouched for. At the limit a new connection is admitted in place of,
+    in this order:
+
+    1. the oldest connection not vouched for that is not being answered (a
+       silent or half-sent one: a flood's; or a forwarder's that only ever got
+       errors, which the forwarder reopens when it finds it closed);
+    2. the vouched-for connection idle longest (a forwarder's pooled one: the
+       forwarder finds it closed when it next takes it and retries afresh);
+
+    and when every connection is in the middle of a request the new one is
+    answered 503 ``overloaded`` and closed before anything is read from it.
+    A flood of connections thus only ever pushes out its own connections (and
+    never a request under way), while new peer connections still get in.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        # Insertion order is the eviction order: accepted-first, and
+        # least-recently-answered-first.
+        self._unvouched: dict[_PrivateProtocol, None] = {}
+        self._vouched: dict[_PrivateProtocol, None] = {}
+        self.evicted = 0
+        self.refused = 0
+        self._warned_at = float("-inf")
+        self._unwarned = 0
+
+    def __len__(self) -> int:
+        return len(self._unvouched) + len(self._vouched)
+
+    def admit(self, connection: _PrivateProtocol) -> bool:
+        """Count ``connection`` in, closing another if at the limit; False: refuse it."""
+        if len(self) >= self.limit:
+            victim = self._victim()
+            if victim is None:
+                self.refused += 1
+                self._warn()
+                return False
+            self.forget(victim)
+            victim.evict()
+            self.evicted += 1
+            self._warn()
+        self._unvouched[connection] = None
+        return True
+
+    def _victim(self) -> _PrivateProtocol | None:
+        for connection in self._unvouched:
+            if not connection.answering():
+                return connection
+        for connection in self._vouched:
+            if connection.idle():
+                return connection
+        return None
+
+    def vouch(self, connection: _PrivateProtocol) -> None:
+        if connection in self._unvouched:
+            del self._unvouched[connection]
+            self._vouched[connection] = None
+
+    def answered(self, connection: _PrivateProtocol) -> None:
+        """A reply on ``connection`` is complete: most recently used goes last."""
+        if connection in self._vouched:
+            del self._vouched[connection]
+            self._vouched[connection] = None
+
+    def forget(self, connection: _PrivateProtocol) -> None:
+        self._unvouched.pop(connection, None)
+        self._vouched.pop(connection, None)
+
+    def _warn(self) -> None:
+        self._unwarned += 1
+        now = time.monotonic()
+        if now - self._warned_at >= _CAP_WARNING_SECONDS:
+            logger.warning(
+                "private listener at its limit of %d connections: %d connection(s) closed or "
+                "refused since the last warning (%d closed, %d refused in all)",
+                self.limit,
+                self._unwarned,
+                self.evicted,
+                self.refused,
+            )
+            self._warned_at = now
+            self._unwarned = 0
+
+
+class _PrivateProtocol:
+    """Mixed into `BoundedHttpProtocol` (`_protocol_class`): no access lines, counted by a cap."""
+
+    # From BoundedHttpProtocol and uvicorn's protocol.
+    app: Any
+    transport: asyncio.Transport
+    _head_bytes: int | None
+    _replying: Any
+    _refuse: Any
+
+    def __init__(self, *args: Any, cap: _ConnectionCap | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The receiving worker already logs the request once.
+        self.access_log = False
+        self._cap = cap
+        self._inner_app = self.app
+        if cap is not None:
+            self.app = self._vouching_app
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if self._cap is not None and not self._cap.admit(self):
+            self._refuse(
+                OverloadedError(
+                    f"this worker's private listener holds {self._cap.limit} busy connections"
+                )
+            )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._cap is not None:
+            self._cap.forget(self)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        if self._cap is not None:
+            self._cap.answered(self)
+
+    async def _vouching_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_watched(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                # Past the signature check: this connection is a peer's.
+                self.app = self._inner_app
+                if self._cap is not None:
+                    self._cap.vouch(self)
+            await send(message)
+
+        await self._inner_app(scope, receive, send_watched)
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # uvicorn logs two warnings per request asking for an upgrade (none is
+        # served here; the request goes on to the router like any other):
+        # anyone who reaches the port could fill the log. Forwarders never ask.
+        pass
+
+    def answering(self) -> bool:
+        """Whether a request's head is complete and its reply is not (a request under way)."""
+        return self._replying()
+
+    def idle(self) -> bool:
+        """Whether the connection is between requests, with no byte of a next head."""
+        return self._head_bytes == 0 and not self._replying()
+
+    def evict(self) -> None:
+        """Close at once, answering nothing (no request is under way)."""
+        self.transport.close()
+
+
+@functools.cache
+def _protocol_class() -> type:
+    # Imported here: gym_sessions.server imports this module (through its app).
+    from gym_sessions.server.http_protocol import BoundedHttpProtocol
+
+    class PrivateHttpProtocol(_PrivateProtocol, BoundedHttpProtocol):
+        pass
+
+    return PrivateHttpProtocol
 
 
 class PrivateListener:
@@ -64,6 +271,10 @@ class PrivateListener:
             (`address` tells which, once started).
         private: Mark requests as arrived over a private socket. Tests turn it
             off to give in-process workers a public listener of their own.
+        max_head_bytes: Request heads larger than this get 431 as they cross it.
+        max_connections: Open connections at most (see `_ConnectionCap`); by
+            default `default_max_connections()` on TCP and no limit on a Unix
+            socket (reachable by this user's processes only).
     """
 
     def __init__(
@@ -73,6 +284,8 @@ class PrivateListener:
         *,
         host: str | None = None,
         private: bool = True,
+        max_head_bytes: int | None = None,
+        max_connections: int | None = None,
     ) -> None:
         if (path is None) == (host is None):
             raise ValueError("a private listener needs a socket path or a host, not both")
@@ -82,6 +295,7 @@ class PrivateListener:
         self._config = uvicorn.Config(
             _MarkPrivate(app) if private else app,
             uds=path,
+            http=_protocol_class(),
             lifespan="off",
             log_config=None,
             log_level=None,
@@ -93,17 +307,30 @@ class PrivateListener:
             ws="none",
         )
         self._config.load()
-        self._protocol_class = _quiet_protocol(self._config.http_protocol_class)
+        self._max_head_bytes = _MAX_HEAD_BYTES if max_head_bytes is None else max_head_bytes
+        self._head_timeout = _HEAD_TIMEOUT_SECONDS
+        if max_connections is None and host is not None:
+            max_connections = default_max_connections()
+        self.connections = _ConnectionCap(max_connections) if max_connections else None
         self._state = ServerState()
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
         """Start listening."""
-        config, state, protocol_class = self._config, self._state, self._protocol_class
+        config, state, cap = self._config, self._state, self.connections
+        max_head_bytes, head_timeout = self._max_head_bytes, self._head_timeout
+        protocol_class = self._config.http_protocol_class
         loop = asyncio.get_running_loop()
 
         def protocol() -> asyncio.Protocol:
-            return protocol_class(config=config, server_state=state, app_state={})
+            return protocol_class(
+                config=config,
+                server_state=state,
+                app_state={},
+                max_head_bytes=max_head_bytes,
+                head_timeout=head_timeout,
+                cap=cap,
+            )
 
         if self.path is not None:
             self._server = await loop.create_unix_server(
@@ -111,8 +338,11 @@ class PrivateListener:
             )
             os.chmod(self.path, 0o600)
         else:
+            # The backlog is also how many connections asyncio accepts in one go
+            # (each a descriptor until the cap closes it): no more than the cap.
+            backlog = min(config.backlog, cap.limit) if cap is not None else config.backlog
             self._server = await loop.create_server(
-                protocol, host=self.host, port=0, backlog=config.backlog
+                protocol, host=self.host, port=0, backlog=backlog
             )
             self.address = self._server.sockets[0].getsockname()[:2]
 

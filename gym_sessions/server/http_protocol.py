@@ -28,11 +28,16 @@ from gym_sessions.errors import (
     HTTPError,
     RequestTimeoutError,
     error_body,
+    error_headers,
 )
 
 __all__ = ["BoundedHttpProtocol"]
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
 class BoundedHttpProtocol(HttpToolsProtocol):
@@ -123,9 +128,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = None
         if not self._replying():  # a reply under way must not be cut by ours
             body = error_body(error)
+            extra = b"".join(b"%s: %s\r\n" % header for header in error_headers(error))
             self.transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-                % (error.status, _REASONS[error.status], len(body), body)
+                b"content-length: %d\r\nconnection: close\r\n%s\r\n%s"
+                % (error.status, _REASONS[error.status], len(body), extra, body)
             )
         self.transport.close()
