@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import os
 import secrets
 import urllib.parse
@@ -221,12 +220,3 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
-
-    def to_json(self) -> str:
-        """Serialise for handing to worker processes."""
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> Settings:
-        """Inverse of `to_json`."""
-        return cls(**json.loads(text))

@@ -24,14 +24,15 @@ _MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, with the terminating N
 _DIRECTORY_NAME = re.compile(r"gym-sessions-(\d+)-[A-Za-z0-9_]+")
 
 
-def _supervisor_alive(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (maybe another user's, maybe a reused pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:
         return True  # exists, another user's
-    return True  # exists (maybe a reused pid: then the directory waits for another start)
+    return True
 
 
 def _too_long(base: str) -> bool:
@@ -89,7 +90,7 @@ class RuntimeDirectory:
             for name in names:
                 match = _DIRECTORY_NAME.fullmatch(name)
                 path = os.path.join(root, name)
-                if match is None or _supervisor_alive(int(match.group(1))):
+                if match is None or process_exists(int(match.group(1))):
                     continue
                 try:
                     if os.lstat(path).st_uid != os.getuid():

@@ -49,7 +49,7 @@ from gym_sessions.routing.redis_claims import (
     connect_redis_blocking,
 )
 from gym_sessions.routing.router import SessionRouter
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.routing.runtime_dir import RuntimeDirectory, process_exists
 from gym_sessions.routing.session_cookie import SessionCookieMiddleware
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
@@ -74,13 +74,7 @@ def _process_alive(worker_id: str) -> bool:
         pid = int(worker_id.split("-", 1)[0])
     except ValueError:
         return True  # not a process's id (in-process test workers): cannot tell
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+    return process_exists(pid)
 
 
 def new_worker_id() -> str:

@@ -22,18 +22,16 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pytest
-import redis
 from itsdangerous.encoding import base64_decode, bytes_to_int
 
 from envs.counter_load import client_session, make_episodes, play_all, play_over_mcp
 from gym_sessions.credentials import CLOCK_SKEW_SECONDS
-from gym_sessions.local_services import NginxProcess, RedisProcess, require
-from gym_sessions.routing.redis_claims import RedisClaimStore
+from gym_sessions.local_services import NginxProcess, require
 from gym_sessions.secret_source import write_secret_file
 from gym_sessions.server_process import ServerProcess, start_server, wait_for_registrations
+from tests.e2e.test_multihost_e2e import Deployment
 
 from ..conftest import require_or_skip
 
@@ -69,27 +67,8 @@ def faketime_env(offset: float) -> dict[str, str]:
     }
 
 
-@dataclass
-class SkewedDeployment:
-    redis: RedisProcess
-    hosts: list[ServerProcess]  # hosts[1] runs off by the offset
-    nginx: NginxProcess
-
-    @property
-    def url(self) -> str:
-        return self.nginx.url
-
-    def owner(self, session_id: str) -> str | None:
-        client = redis.Redis.from_url(self.redis.url, decode_responses=True)
-        try:
-            value = client.get(RedisClaimStore.key(session_id))
-            return None if value is None else value.split("|", 1)[0]
-        finally:
-            client.close()
-
-    def host_of(self, worker_id: str) -> int:
-        pid = int(worker_id.split("-")[0])
-        return next(i for i, host in enumerate(self.hosts) if pid in host.worker_pids())
+# The same deployment as the multi-host tests; hosts[1] runs off by the offset.
+SkewedDeployment = Deployment
 
 
 @pytest.fixture
