@@ -80,6 +80,15 @@ class Settings:
         private_host: With Redis claims, the address each worker's private TCP
             listener binds and registers (a port per worker, picked by the
             system); other hosts must reach it there.
+        claims_timeout: With Redis claims, seconds one call to Redis may take in
+            all (waiting for a pooled connection included) before the request
+            that needed it gets 503 ``claims_unavailable``.
+        private_max_connections: With Redis claims, open connections each
+            worker's private TCP listener accepts at most (never more than a
+            quarter of the descriptor limit); at the cap a new connection
+            replaces an idle one, or gets 503 when all are mid-request.
+        private_idle_timeout: With Redis claims, seconds an idle connection to a
+            private TCP listener stays open (forwarders close theirs after 15 s).
         peer_networks: With Redis claims, the networks (CIDR) workers' private
             listeners may be in: requests are never forwarded elsewhere, whatever
             Redis says. Default: loopback when ``private_host`` is loopback;
@@ -123,6 +132,9 @@ class Settings:
     claims: str = "file"
     private_host: str = "127.0.0.1"
     peer_networks: tuple[str, ...] = ()
+    claims_timeout: float = 10.0
+    private_max_connections: int = 256
+    private_idle_timeout: float = 60.0
     timeout_keep_alive: float = 120.0
     forward_transport: str = "http"
     debug_worker_header: bool = False
@@ -143,6 +155,10 @@ class Settings:
             raise ValueError("graceful_timeout and drain_timeout must not be negative")
         if self.header_timeout <= 0:
             raise ValueError("header_timeout must be positive")
+        if self.claims_timeout <= 0 or self.private_idle_timeout <= 0:
+            raise ValueError("claims_timeout and private_idle_timeout must be positive")
+        if self.private_max_connections < 1:
+            raise ValueError("private_max_connections must be at least 1")
         if self.max_sessions < 0:
             raise ValueError("max_sessions must be 0 (no limit) or positive")
         if self.session_idle_timeout < 0:

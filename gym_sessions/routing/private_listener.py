@@ -14,10 +14,10 @@ arrive and never forwards twice.
 
 Bounded like the public listeners, whatever the worker's own uvicorn config
 says: request heads go through `BoundedHttpProtocol` (431 and close as a head
-crosses ``_MAX_HEAD_BYTES``, before the router ever sees it, so before the
-signature is checked; 408 or a silent close for a head not complete within
-``_HEAD_TIMEOUT_SECONDS``). On TCP, idle kept-alive connections close after
-``_TCP_KEEP_ALIVE_SECONDS`` and at most ``max_connections`` are open at once
+crosses the public head limit plus `FORWARD_HEAD_ALLOWANCE`, before the router
+ever sees it, so before the signature is checked; 408 or a silent close for a
+head not complete within ``_HEAD_TIMEOUT_SECONDS``). On TCP, idle kept-alive
+connections close after ``idle_timeout`` and at most ``max_connections`` are open at once
 (`_ConnectionCap`), so a flood of connections to a private port cannot take the
 descriptors the worker's public port, sessions and forwards need.
 """
@@ -38,7 +38,13 @@ from uvicorn.server import ServerState
 
 from gym_sessions.errors import OverloadedError
 
-__all__ = ["PRIVATE_SCOPE_KEY", "PrivateListener"]
+__all__ = [
+    "DEFAULT_MAX_TCP_CONNECTIONS",
+    "DEFAULT_TCP_IDLE_SECONDS",
+    "FORWARD_HEAD_ALLOWANCE",
+    "PRIVATE_SCOPE_KEY",
+    "PrivateListener",
+]
 
 logger = logging.getLogger("gym_sessions.routing")
 
@@ -49,12 +55,13 @@ PRIVATE_SCOPE_KEY = "gym_sessions.private"
 # (`stream_forwarder._IDLE_CLOSE_SECONDS`), and retry a pooled connection the
 # listener closed while idle.
 _KEEP_ALIVE_SECONDS = 3600
-_TCP_KEEP_ALIVE_SECONDS = 60
-# The public default (``Settings.max_header_bytes``, 64 KiB) plus room for what
-# the hop adds (the signature, ``content-length``): a head a public listener
-# admitted at its limit still fits when forwarded. A larger one is refused as
-# it crosses this, before the router (and so the signature check) sees it.
-_MAX_HEAD_BYTES = 64 * 1024 + 4 * 1024
+DEFAULT_TCP_IDLE_SECONDS = 60.0
+# Room for what the hop adds to a head (the signature, ``content-length``): a
+# head a public listener admitted at its limit still fits when forwarded. A
+# larger one is refused as it crosses the limit, before the router (and so the
+# signature check) sees it.
+FORWARD_HEAD_ALLOWANCE = 4 * 1024
+_MAX_HEAD_BYTES = 64 * 1024 + FORWARD_HEAD_ALLOWANCE
 # Forwarders write a whole head in one go right after connecting: a head not
 # complete this long after its first byte (or a connection silent this long) is
 # not a forwarder's. As long as the public ``--header-timeout`` default, so a
@@ -63,7 +70,7 @@ _HEAD_TIMEOUT_SECONDS = 30.0
 # Open connections per TCP private listener (per worker), and never more than
 # this share of the process's descriptor limit (the rest is the public port's,
 # the sessions', Redis's and the outgoing forwards').
-_MAX_TCP_CONNECTIONS = 256
+DEFAULT_MAX_TCP_CONNECTIONS = 256
 _MAX_FD_SHARE = 4
 # At most one warning about the cap per this many seconds (a flood would fill the log).
 _CAP_WARNING_SECONDS = 10.0
@@ -78,17 +85,17 @@ class _MarkPrivate:
         await self.app(scope, receive, send)
 
 
-def default_max_connections() -> int:
-    """``_MAX_TCP_CONNECTIONS``, or a quarter of a lower soft ``RLIMIT_NOFILE``."""
+def default_max_connections(limit: int = DEFAULT_MAX_TCP_CONNECTIONS) -> int:
+    """``limit``, or a quarter of the soft ``RLIMIT_NOFILE`` when that is lower."""
     try:
         import resource
 
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, OSError, ValueError):
-        return _MAX_TCP_CONNECTIONS
+        return limit
     if soft == resource.RLIM_INFINITY or soft <= 0:
-        return _MAX_TCP_CONNECTIONS
-    return max(1, min(_MAX_TCP_CONNECTIONS, soft // _MAX_FD_SHARE))
+        return limit
+    return max(1, min(limit, soft // _MAX_FD_SHARE))
 
 
 class _ConnectionCap:
@@ -272,9 +279,12 @@ class PrivateListener:
         private: Mark requests as arrived over a private socket. Tests turn it
             off to give in-process workers a public listener of their own.
         max_head_bytes: Request heads larger than this get 431 as they cross it.
-        max_connections: Open connections at most (see `_ConnectionCap`); by
-            default `default_max_connections()` on TCP and no limit on a Unix
-            socket (reachable by this user's processes only).
+        max_connections: Open connections at most (see `_ConnectionCap`); on
+            TCP never more than a quarter of the descriptor limit
+            (`default_max_connections`). No limit on a Unix socket by default
+            (reachable by this user's processes only).
+        idle_timeout: Seconds an idle TCP connection stays open (a Unix
+            socket's stay open as long as forwarders pool them).
     """
 
     def __init__(
@@ -286,6 +296,7 @@ class PrivateListener:
         private: bool = True,
         max_head_bytes: int | None = None,
         max_connections: int | None = None,
+        idle_timeout: float = DEFAULT_TCP_IDLE_SECONDS,
     ) -> None:
         if (path is None) == (host is None):
             raise ValueError("a private listener needs a socket path or a host, not both")
@@ -303,14 +314,16 @@ class PrivateListener:
             proxy_headers=False,
             server_header=False,
             date_header=False,
-            timeout_keep_alive=_KEEP_ALIVE_SECONDS if path is not None else _TCP_KEEP_ALIVE_SECONDS,
+            timeout_keep_alive=_KEEP_ALIVE_SECONDS if path is not None else idle_timeout,
             ws="none",
         )
         self._config.load()
         self._max_head_bytes = _MAX_HEAD_BYTES if max_head_bytes is None else max_head_bytes
         self._head_timeout = _HEAD_TIMEOUT_SECONDS
-        if max_connections is None and host is not None:
-            max_connections = default_max_connections()
+        if host is not None:
+            max_connections = default_max_connections(
+                DEFAULT_MAX_TCP_CONNECTIONS if max_connections is None else max_connections
+            )
         self.connections = _ConnectionCap(max_connections) if max_connections else None
         self._state = ServerState()
         self._server: asyncio.base_events.Server | None = None

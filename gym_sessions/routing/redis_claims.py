@@ -35,8 +35,10 @@ Reading a claim and its worker's address is one round trip (a script). Redis
 errors become `ClaimsUnavailableError` (503 ``claims_unavailable``); the
 client retries once at once (a pooled connection may predate a Redis restart).
 A stopped Redis (refused or reset connections) fails at once; one that hangs
-fails after the reply timeout (10 s), long enough that a worker's own lag
-under a burst is never taken for a lost Redis (the stress run found that).
+fails once a call has taken `STORE_DEADLINE_SECONDS` (10 s) in all, waiting for
+a pooled connection included: long enough that a worker's own lag under a
+burst is never taken for a lost Redis (the stress run found that), and one
+bound, not a pool wait plus a reply timeout one after the other.
 The scripts read a key they are not given (the worker registration), which is
 fine on one Redis server or a replicated pair, not on Redis Cluster.
 """
@@ -63,6 +65,7 @@ from gym_sessions.routing.claim_store import claim_name
 
 __all__ = [
     "REGISTRATION_PREFIX",
+    "STORE_DEADLINE_SECONDS",
     "EntrySigner",
     "RedisClaimStore",
     "WorkerRegistry",
@@ -88,11 +91,13 @@ _EPOCH_KEY = KEY_PREFIX + "epoch"
 REGISTRATION_PREFIX = KEY_PREFIX + "worker:"
 # A refused or reset connection fails at once; these bound a Redis that hangs.
 # They are generous because a worker's event loop may lag by seconds under a
-# burst, and a late reply is not a lost store.
+# burst, and a late reply is not a lost store. The deadline bounds a whole
+# call (waiting for a pooled connection, connecting, the reply); the socket
+# timeouts only back it up.
+STORE_DEADLINE_SECONDS = 10.0
 _CONNECT_TIMEOUT_SECONDS = 2.0
-_REPLY_TIMEOUT_SECONDS = 10.0
-# How long a request waits for one of the pool's connections under a burst.
-_POOL_WAIT_SECONDS = 10.0
+_REPLY_TIMEOUT_SECONDS = STORE_DEADLINE_SECONDS
+_POOL_WAIT_SECONDS = STORE_DEADLINE_SECONDS
 _ADDRESS_CACHE_SIZE = 4096
 _MAX_CONNECTIONS = 64
 
@@ -378,9 +383,15 @@ def _check_eviction(client: redis.Redis, url: str) -> None:
         )
 
 
-async def _call(operation: Awaitable[_T]) -> _T:
+async def _call(operation: Awaitable[_T], deadline: float) -> _T:
     try:
-        return await operation
+        async with asyncio.timeout(deadline):
+            return await operation
+    except TimeoutError as exc:
+        # Cancelling a command mid-reply is safe: redis-py drops that connection.
+        raise ClaimsUnavailableError(
+            f"the claim store did not answer within {deadline:g} s"
+        ) from exc
     except (redis.RedisError, OSError) as exc:
         raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
 
@@ -396,6 +407,8 @@ class WorkerRegistry:
         client: The worker's Redis client.
         worker_id: This worker's id.
         clock: Monotonic clock.
+        deadline: Seconds one Redis call may take in all before it counts as
+            unavailable (503).
     """
 
     def __init__(
@@ -405,8 +418,10 @@ class WorkerRegistry:
         signer: EntrySigner,
         clock: Callable[[], float] = time.monotonic,
         renewal_client: redis.Redis | None = None,
+        deadline: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         self.client = client
+        self.deadline = deadline
         self.renewal_client = renewal_client
         self.worker_id = worker_id
         self.signer = signer
@@ -448,7 +463,7 @@ class WorkerRegistry:
         known = self._known.get(worker_id)
         if known is not None:
             return known
-        registration = await _call(self.client.get(self.key_prefix + worker_id))
+        registration = await _call(self.client.get(self.key_prefix + worker_id), self.deadline)
         self.remember(worker_id, registration, None)
         return self._known.get(worker_id)
 
@@ -467,7 +482,7 @@ class WorkerRegistry:
             ClaimsUnavailableError: Redis cannot be reached.
         """
         pattern = self.key_prefix + "*"
-        keys = await _call(_scan_all(self.client, pattern))
+        keys = await _call(_scan_all(self.client, pattern), self.deadline)
         return [key[len(self.key_prefix) :] for key in keys]
 
     async def register(self, host: str, port: int) -> None:
@@ -504,7 +519,7 @@ class WorkerRegistry:
     async def _write(self, mode: str) -> bool:
         assert self.address is not None
         started = self._clock()
-        existed, epoch = await _call(self._register(**self._register_args(mode)))
+        existed, epoch = await _call(self._register(**self._register_args(mode)), self.deadline)
         self.last_registered = started
         self.epoch = epoch
         return bool(existed)
@@ -554,7 +569,7 @@ class WorkerRegistry:
 
     async def unregister(self) -> None:
         """Remove this worker's registration: its sessions get 410 at once."""
-        await _call(self.client.delete(self.key_prefix + self.worker_id))
+        await _call(self.client.delete(self.key_prefix + self.worker_id), self.deadline)
 
     async def run_heartbeat(
         self,
@@ -665,7 +680,8 @@ class RedisClaimStore:
             script(
                 keys=[self.claim_prefix + name, self.index_key, self.indexed_workers_key],
                 args=[mine, name, *extra, self.worker_id],
-            )
+            ),
+            self.registry.deadline,
         )
 
     async def create(self, session_id: str, *, restoring: bool = False) -> str | None:
@@ -702,7 +718,9 @@ class RedisClaimStore:
         address = self.registry.signer.read_registration(worker_id, registration)
         name = claim_name(session_id)
         value = self.registry.signer.claim_value(name, worker_id, address)
-        written = await _call(self.client.set(self.claim_prefix + name, value, nx=True))
+        written = await _call(
+            self.client.set(self.claim_prefix + name, value, nx=True), self.registry.deadline
+        )
         if not written:
             raise ClaimsUnavailableError("the claim of this session changed meanwhile; retry")
         logger.warning("claim of a session held by worker %s had vanished: written back", worker_id)
@@ -710,7 +728,10 @@ class RedisClaimStore:
         return worker_id
 
     async def read(self, session_id: str) -> str | None:
-        found = await _call(self._read(keys=[self.key(session_id)], args=self._lookup_args()))
+        found = await _call(
+            self._read(keys=[self.key(session_id)], args=self._lookup_args()),
+            self.registry.deadline,
+        )
         return self._holder(session_id, found)
 
     def _lookup_args(self) -> list[object]:
@@ -752,7 +773,9 @@ class RedisClaimStore:
         Redis does not keep them forever. Works in batches, so Redis is never
         held up long by a dead worker with many claims.
         """
-        workers = await _call(self.client.smembers(self.indexed_workers_key))
+        workers = await _call(
+            self.client.smembers(self.indexed_workers_key), self.registry.deadline
+        )
         reaped = 0
         for worker_id in workers:
             if worker_id == self.worker_id:
@@ -767,7 +790,8 @@ class RedisClaimStore:
                             self.indexed_workers_key,
                         ],
                         args=[worker_id, self._orphan_ms, self.claim_prefix, _REAP_BATCH],
-                    )
+                    ),
+                    self.registry.deadline,
                 )
                 if count < 0:
                     break  # registered: alive

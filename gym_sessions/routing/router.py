@@ -84,11 +84,12 @@ class _ClientDisconnected(Exception):
     pass
 
 
-# A stalled body will not arrive, and an unsigned request on a private listener
-# is not read: close the connection with the reply. (A body
-# that is too large still arrives; uvicorn reads and drops it, and closing early
-# would reset the connection before the client reads the 413.)
-_UNREAD_BODY_ERRORS = (RequestTimeoutError, ForbiddenError, OverloadedError)
+# A stalled body will not arrive, an unsigned request on a private listener is
+# not read, and a connection that sent an oversized head is not one to keep
+# (as when `BoundedHttpProtocol` refuses it): close the connection with the
+# reply. (A body that is too large still arrives; uvicorn reads and drops it,
+# and closing early would reset the connection before the client reads the 413.)
+_UNREAD_BODY_ERRORS = (RequestTimeoutError, ForbiddenError, OverloadedError, HeadersTooLargeError)
 
 
 async def send_error(send: Send, error: HTTPError, *, jsonrpc: bool = False) -> None:

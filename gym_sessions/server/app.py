@@ -38,7 +38,7 @@ from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalCl
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, make_forwarder
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
-from gym_sessions.routing.private_listener import PrivateListener
+from gym_sessions.routing.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
 from gym_sessions.routing.redis_claims import (
     HEARTBEAT_SECONDS,
     REGISTRATION_SECONDS,
@@ -141,6 +141,7 @@ class WorkerApp:
                 self.worker_id,
                 EntrySigner(settings.secret),
                 renewal_client=connect_redis_blocking(settings.claims),
+                deadline=settings.claims_timeout,
             )
             store = self.redis_store = RedisClaimStore(
                 self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS
@@ -224,10 +225,21 @@ class WorkerApp:
     async def startup(self) -> None:
         """Start the claim sweep and, when routing, the private listener (and its registration)."""
         if self.runtime_dir is not None:
-            self._listener = PrivateListener(self, self.runtime_dir.socket_path(self.worker_id))
+            self._listener = PrivateListener(
+                self,
+                self.runtime_dir.socket_path(self.worker_id),
+                max_head_bytes=self.settings.max_header_bytes + FORWARD_HEAD_ALLOWANCE,
+            )
             await self._listener.start()
         elif self.registry is not None:
-            self._listener = PrivateListener(self, host=self.settings.private_host)
+            self._listener = PrivateListener(
+                self,
+                host=self.settings.private_host,
+                # A head the public listener admitted must still fit once forwarded.
+                max_head_bytes=self.settings.max_header_bytes + FORWARD_HEAD_ALLOWANCE,
+                max_connections=self.settings.private_max_connections,
+                idle_timeout=self.settings.private_idle_timeout,
+            )
             await self._listener.start()
             assert self._listener.address is not None
             try:

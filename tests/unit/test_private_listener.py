@@ -17,6 +17,7 @@ import pytest
 
 from gym_sessions.routing import private_listener, stream_forwarder
 from gym_sessions.routing.forward_signature import ForwardSigner
+from gym_sessions.settings import Settings
 
 from .cluster import SECRET, Cluster, Worker, new_id, wait_until
 from .probe_server import ProbeServer
@@ -152,14 +153,19 @@ async def _send_in_pieces(worker: Worker, request: bytes) -> bytes:
         writer.close()
 
 
-async def test_the_bound_admits_what_a_public_listener_admits_plus_the_hop(hosts):
-    """A head at the public limit (64 KiB) plus the signature fits; a few KiB more do not."""
-    c = await hosts(2)
+@pytest.mark.parametrize("public_limit", [None, 16 * 1024])
+async def test_the_bound_admits_what_a_public_listener_admits_plus_the_hop(hosts, public_limit):
+    """A head at the public limit plus the signature fits; a few KiB more do not.
+
+    The private bound follows ``max_header_bytes`` (default 64 KiB).
+    """
+    limit = public_limit or Settings().max_header_bytes
+    c = await (hosts(2, max_header_bytes=public_limit) if public_limit else hosts(2))
     sid, cookie = await _start(c[0])
     bare = len(_signed_request(c[0], "/touch?q=", cookie)) - len(b"{}")
-    target = "/touch?q=" + "q" * (64 * 1024 + 200 - bare)
+    target = "/touch?q=" + "q" * (limit + 200 - bare)
     request = _signed_request(c[0], target, cookie)
-    assert len(request) - len(b"{}") == 64 * 1024 + 200
+    assert len(request) - len(b"{}") == limit + 200
     status_line = await _send_in_pieces(c[0], request)
     assert status_line.startswith(b"HTTP/1.1 200 "), status_line
     # Past the limit, signed or not: refused as it crosses it (the router never sees it).
@@ -188,12 +194,12 @@ async def test_unsigned_upgrade_requests_are_refused_without_a_log_line_each(hos
 async def test_silent_half_sent_and_idle_connections_are_closed_within_their_timeouts(
     hosts, monkeypatch
 ):
-    # Forwarders close pooled connections well before the listener does.
-    assert private_listener._TCP_KEEP_ALIVE_SECONDS <= 60
-    assert stream_forwarder._IDLE_CLOSE_SECONDS * 2 <= private_listener._TCP_KEEP_ALIVE_SECONDS
+    # Forwarders close pooled connections well before the listener does by default.
+    idle_default = Settings().private_idle_timeout
+    assert idle_default <= 60
+    assert idle_default >= stream_forwarder._IDLE_CLOSE_SECONDS * 2
     monkeypatch.setattr(private_listener, "_HEAD_TIMEOUT_SECONDS", 0.5)
-    monkeypatch.setattr(private_listener, "_TCP_KEEP_ALIVE_SECONDS", 1)
-    c = await hosts(2)
+    c = await hosts(2, private_idle_timeout=1.0)
     _, cookie = await _start(c[0])
     address = _address(c[0])
     began = time.monotonic()
@@ -294,10 +300,9 @@ async def _most_open_while(worker: Worker, work) -> tuple[int, object]:
     return most, result
 
 
-async def test_a_connection_flood_stays_under_the_cap_and_peers_still_get_in(hosts, monkeypatch):
-    assert private_listener._MAX_TCP_CONNECTIONS == 256
-    monkeypatch.setattr(private_listener, "_MAX_TCP_CONNECTIONS", 8)
-    c = await hosts(2)
+async def test_a_connection_flood_stays_under_the_cap_and_peers_still_get_in(hosts):
+    assert Settings().private_max_connections == 256
+    c = await hosts(2, private_max_connections=8)
     sid, cookie = await _start(c[0])
     # A pooled connection from the peer, before the flood.
     touched = await c[1].request("POST", "/touch", cookie=cookie)
@@ -332,9 +337,8 @@ async def test_a_connection_flood_stays_under_the_cap_and_peers_still_get_in(hos
     assert cap is not None and cap.evicted >= 112 and cap.refused == 0
 
 
-async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503_unread(hosts, monkeypatch):
-    monkeypatch.setattr(private_listener, "_MAX_TCP_CONNECTIONS", 4)
-    c = await hosts(2)
+async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503_unread(hosts):
+    c = await hosts(2, private_max_connections=4)
     _, cookie = await _start(c[0])
     sleeps = asyncio.gather(
         *(c[1].request("POST", "/sleep", {"seconds": 1.0}, cookie=cookie) for _ in range(4))
@@ -359,9 +363,8 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503_unread(h
 # Honest forwarding ------------------------------------------------------------------------
 
 
-async def test_pooled_signed_forwarding_from_several_peers_works_at_the_cap(hosts, monkeypatch):
-    monkeypatch.setattr(private_listener, "_MAX_TCP_CONNECTIONS", 4)
-    c = await hosts(3)
+async def test_pooled_signed_forwarding_from_several_peers_works_at_the_cap(hosts):
+    c = await hosts(3, private_max_connections=4)
     sid, cookie = await _start(c[0])
 
     async def forwarding() -> list[int]:
