@@ -309,7 +309,7 @@ class SessionRouter:
                     if owner is None and routed.source is IdSource.COOKIE:
                         owner = await self._claim_provisionally(routed)
                 if owner is not None and owner != self.claims.worker_id:
-                    await self._forward(owner, scope, body, send)
+                    await self._forward(owner, scope, body, send, start=routed.starts)
                     return
             elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
@@ -341,7 +341,7 @@ class SessionRouter:
             if owner == self.claims.worker_id:
                 raise _no_room()  # our own claim (not live): its start needs room here
             if owner is not None:
-                await self._forward(owner, scope, body, send)
+                await self._forward(owner, scope, body, send, start=True)
                 return
         candidates = [w for w in await self.worker_ids() if w != self.claims.worker_id]
         random.shuffle(candidates)
@@ -436,8 +436,14 @@ class SessionRouter:
             routed.json_body = json_body
         return routed
 
-    async def _forward(self, owner: str, scope: Scope, body: bytes, send: Send) -> None:
+    async def _forward(
+        self, owner: str, scope: Scope, body: bytes, send: Send, *, start: bool = False
+    ) -> None:
         assert self.forwarder is not None
+        if start:
+            # The holder may be full (it holds a closed session's claim): its
+            # private no-room mark is for workers, never for the client.
+            send = _without_header(send, NO_ROOM_HEADER)
         if self.worker_header is not None:
             send = _with_header(send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
@@ -505,6 +511,11 @@ class SessionRouter:
         try:
             await self.app(scope, replay_body, send_claimed)
         finally:
+            if routed.room is not None:
+                # A start that did not open its session frees its room now, before
+                # the store round trip in `leave`: the client has its reply and may
+                # start again at once.
+                claims.give_back_room(routed.room)
             if held:
                 if routed.provisional and not (routed.claims_on_use and routed.used):
                     claims.release_now(sid)  # claimed for this request only, and unused
@@ -518,6 +529,15 @@ def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
         await send(message)
 
     return send_with_header
+
+
+def _without_header(send: Send, name: bytes) -> Send:
+    async def send_without_header(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [h for h in message.get("headers", []) if h[0] != name]
+        await send(message)
+
+    return send_without_header
 
 
 async def _no_workers() -> list[str]:

@@ -130,3 +130,19 @@ async def test_an_idle_agent_session_expires(cluster):
 
 def _count() -> dict:
     return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "count"}}
+
+
+async def test_a_full_holders_no_room_mark_never_reaches_the_client(cluster):
+    # A failed start leaves worker 1 holding the id (not live); worker 1 then fills up.
+    c = await cluster(2, max_sessions=1, session_close_retry_window_seconds=30)
+    sid = new_id()
+    failed = await c[1].request(
+        "POST", "/seed_session", {"resources_session_id": sid, "fail": True}
+    )
+    assert failed.status != 200 and c.claim_owner(sid) == c[1].id
+    assert (await _start(c[1])).status == 200
+    assert c[1].app.claims.live_sessions == 1
+    # Worker 0 forwards the retried start to the id's holder, which has no room.
+    retried = await _start(c[0], sid)
+    assert retried.status == 503 and retried.json["error"]["code"] == "capacity_reached"
+    assert "x-gym-no-room" not in retried.headers
