@@ -5,8 +5,10 @@ The scripts in this folder import it as ``_common`` (they run as
 folder is on ``sys.path``). It owns:
 
 - statistics: percentiles, summaries, the median of per-round ratios;
-- the machine description and ``benchmarks/results/`` output (JSON, Markdown
-  tables, matplotlib Agg plots);
+- the machine description and the output (JSON, Markdown tables, matplotlib
+  Agg plots): `parse_args` gives every script ``--out DIR``, by default the
+  untracked ``benchmarks/results/local/``; the committed figures that the
+  READMEs quote are rewritten only with ``--out benchmarks/results``;
 - `RawConnection`: one kept-alive ``http.client`` connection that never
   reconnects silently and knows which worker accepted it (``GET /health``);
 - `connections_by_worker`: kept-alive connections grouped by accepting worker;
@@ -42,7 +44,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+PUBLISHED_RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")  # tracked: quoted in READMEs
+LOCAL_RESULTS_DIR = os.path.join(PUBLISHED_RESULTS_DIR, "local")  # in .gitignore
+results_dir = LOCAL_RESULTS_DIR  # where this run writes; `parse_args` sets it from --out
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
@@ -101,12 +105,31 @@ def load_note() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cpus"
 
 
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse a benchmark's command line, with ``--out DIR`` added; this run then writes there.
+
+    A run writes to the untracked ``benchmarks/results/local/`` unless told
+    otherwise, so trying a benchmark never overwrites the committed results.
+    """
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=os.path.relpath(LOCAL_RESULTS_DIR),
+        help="directory for the JSON and plots (default: %(default)s, untracked; "
+        "--out benchmarks/results replaces the committed results)",
+    )
+    args = parser.parse_args()
+    global results_dir
+    results_dir = os.path.abspath(args.out)
+    return args
+
+
 def write_json(name: str, data: dict[str, Any]) -> str:
-    """Write ``benchmarks/results/<name>.json``; returns its path."""
+    """Write ``<name>.json`` into the results directory (``--out``); returns its path."""
     if isinstance(data.get("machine"), dict):
         data["machine"]["loadavg_at_end"] = os.getloadavg()
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    os.makedirs(results_dir, exist_ok=True)
+    path = os.path.join(results_dir, f"{name}.json")
     with open(path, "w") as file:
         json.dump(data, file, indent=2)
         file.write("\n")
@@ -121,7 +144,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 
 def figure(name: str, draw: Callable[[Any], None], size: tuple[float, float] = (7, 4)) -> str:
-    """Draw one matplotlib (Agg) figure with ``draw(axes)`` into ``results/<name>.png``."""
+    """Draw one matplotlib (Agg) figure with ``draw(axes)`` into ``<results dir>/<name>.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,8 +154,8 @@ def figure(name: str, draw: Callable[[Any], None], size: tuple[float, float] = (
     try:
         draw(axes)
         fig.tight_layout()
-        path = os.path.join(RESULTS_DIR, f"{name}.png")
-        os.makedirs(RESULTS_DIR, exist_ok=True)
+        path = os.path.join(results_dir, f"{name}.png")
+        os.makedirs(results_dir, exist_ok=True)
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
@@ -150,7 +173,7 @@ def check_connections(groups: dict[str, list[Any]]) -> None:
 def latency_cdf(
     name: str, per_round: dict[str, list[list[float]]], title: str, legend_size: int = 8
 ) -> str:
-    """A CDF per kind of request of the latencies of every round, into ``results/<name>.png``."""
+    """A CDF per kind of request of the latencies of every round, into ``<name>.png``."""
 
     def draw(axes: Any) -> None:
         for kind, batches in per_round.items():

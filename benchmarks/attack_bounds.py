@@ -26,7 +26,8 @@ counter episodes played beside the attack on new connections (all must score
     .venv/bin/python benchmarks/attack_bounds.py [--commits f720c20 HEAD] [--bound 60]
         [--attacks header-value header-lines url body 3-bodies 6-bodies-idle]
 
-Prints a Markdown table; writes benchmarks/results/attack_bounds.json.
+Prints a Markdown table; writes attack_bounds.json
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -358,7 +359,7 @@ def main() -> None:
         nargs="+",
         default=["header-value", "header-lines", "url", "body", *SAME_WORKER],
     )
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     print(_common.load_note())
     machine = _common.machine()
     results = []

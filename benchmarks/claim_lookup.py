@@ -32,7 +32,8 @@ the shared machine's busy spells spread over all of them.
     .venv/bin/python benchmarks/claim_lookup.py [--calls 20000] [--claims 2000] [--rounds 10]
 
 Needs ``redis-server`` (``apt-get install -y redis-server``); exits 2 without it.
-Prints a Markdown table; writes benchmarks/results/claim_lookup.json and .png.
+Prints a Markdown table; writes claim_lookup.json and .png
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -302,7 +303,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20000, help="timed calls per case")
     parser.add_argument("--claims", type=int, default=2000, help="claims each worker holds")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     _common.needs("redis-server", "redis-server", "claim_lookup")
     print(_common.load_note())
     machine = _common.machine()  # before the run: its load average is the one at the start

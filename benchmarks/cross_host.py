@@ -41,7 +41,8 @@ per-round ratios, since the machine is shared and noisy.
     .venv/bin/python benchmarks/cross_host.py [--rounds 40] [--batch 100]
 
 Needs ``redis-server`` (``apt-get install -y redis-server``); exits 2 without it.
-Prints Markdown tables; writes benchmarks/results/cross_host.json and .png.
+Prints Markdown tables; writes cross_host.json and .png
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--batch", type=int, default=100, help="steps per class per round")
     parser.add_argument("--warmup", type=int, default=200, help="unrecorded steps per class")
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     _common.needs("redis-server", "redis-server", "cross_host")
     print(_common.load_note())
     machine = _common.machine()  # before the run: its load average is the one at the start

@@ -26,7 +26,8 @@ whose claim file names the session (`envs.counter_load.claim_owner`), else
     .venv/bin/python benchmarks/forwarded_fraction.py [--episodes 300] [--pool-size 16]
                                                       [--in-flight 32]
 
-Prints a Markdown table; writes benchmarks/results/forwarded_fraction.json and .png.
+Prints a Markdown table; writes forwarded_fraction.json and .png
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -311,7 +312,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=300)
     parser.add_argument("--pool-size", type=int, default=POOL_SIZE, help="(b)'s connection limit")
     parser.add_argument("--in-flight", type=int, default=IN_FLIGHT, help="episodes at a time")
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     print(_common.load_note())
 
     results: dict[str, Any] = {}

@@ -20,7 +20,8 @@ goes, by package and by function.
 
     .venv/bin/python benchmarks/hop_profile.py [--calls 3000]
 
-Prints Markdown tables; writes benchmarks/results/hop_profile.json.
+Prints Markdown tables; writes hop_profile.json
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ def top_functions(profiler: cProfile.Profile, calls: int, n: int = 15) -> list[t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     print(_common.load_note())
     transports = _common.forward_transports()
     result = asyncio.run(measure(args.calls, transports))

@@ -20,7 +20,8 @@ time on a shared machine. Every reply's count is checked.
     .venv/bin/python benchmarks/hot_path_revisions.py [--rounds 40] [--batch 100]
         [--commits f720c20 2ccd0c5 HEAD]
 
-Prints Markdown tables; writes benchmarks/results/hot_path_revisions.json and .png.
+Prints Markdown tables; writes hot_path_revisions.json and .png
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="steps per class per round")
     parser.add_argument("--warmup", type=int, default=200, help="unrecorded steps per class")
     parser.add_argument("--commits", nargs="+", default=["f720c20", "2ccd0c5", "HEAD"])
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     print(_common.load_note())
     machine = _common.machine()
 

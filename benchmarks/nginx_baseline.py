@@ -20,7 +20,8 @@ per-round ratios.
     .venv/bin/python benchmarks/nginx_baseline.py [--episodes 400] [--rounds 5]
 
 Needs ``nginx`` (on PATH or in /usr/sbin; ``apt-get install -y nginx``); exits 2 without it.
-Prints a Markdown table; writes benchmarks/results/nginx_baseline.json and .png.
+Prints a Markdown table; writes nginx_baseline.json and .png
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=400, help="timed episodes per run")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     nginx_program = _common.needs("nginx", "nginx", "nginx_baseline")
     print(_common.load_note())
 

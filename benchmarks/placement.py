@@ -21,7 +21,8 @@ With ``--hog`` the bursts run while one busy loop per core competes for the
 CPU (tests/stress/hog.py): a loaded machine is where the kernel's hand-out of
 connections is most uneven.
 
-Prints a Markdown table; writes benchmarks/results/placement[_hog].json.
+Prints a Markdown table; writes placement[_hog].json
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def main() -> None:
         default=[400, 64],
         help="connections open at once (64: like an aiohttp pool of the tests' default size)",
     )
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     print(_common.load_note())
     machine = _common.machine()
     hog = cpu_hog() if args.hog else contextlib.nullcontext()

@@ -18,7 +18,8 @@ Needs root (the sandbox does).
 
     .venv/bin/python benchmarks/repl_start.py [--rounds 40]
 
-Prints Markdown tables; writes benchmarks/results/repl_start.json.
+Prints Markdown tables; writes repl_start.json
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def command_table(samples: dict[str, list[float]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     if os.geteuid() != 0:
         print("repl_start.py: the sandbox needs root; run it as root", file=sys.stderr)
         return 2

@@ -5,17 +5,19 @@ worker accepts it. Run from the repository root:
 
     .venv/bin/python benchmarks/routing_correctness.py [--episodes 200] [--rounds 3]
 
-Prints a Markdown table and writes benchmarks/results/routing_correctness.json.
+Prints a Markdown table and writes routing_correctness.json
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import time
+
+import _common
 
 from envs.counter_load import make_episodes, play_all
 from gym_sessions.server_process import start_server
@@ -25,14 +27,13 @@ CONFIGS = [
     ("4 workers, --no-routing", 4, ("--no-routing",)),
     ("4 workers, routed", 4, ()),
 ]
-RESULTS = os.path.join(os.path.dirname(__file__), "results", "routing_correctness.json")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
 
     rows = []
     for label, workers, extra in CONFIGS:
@@ -57,19 +58,16 @@ def main() -> None:
         wrong = args.episodes - high, args.episodes - low
         shown_wrong = f"{wrong[0]}" if wrong[0] == wrong[1] else f"{wrong[0]} to {wrong[1]}"
         print(f"| {row['config']} | {shown} of {args.episodes} | {shown_wrong} |")
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as file:
-        json.dump(
-            {
-                "episodes": args.episodes,
-                "rounds": args.rounds,
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "rows": rows,
-            },
-            file,
-            indent=2,
-        )
-    print(f"\nwrote {RESULTS}")
+    path = _common.write_json(
+        "routing_correctness",
+        {
+            "episodes": args.episodes,
+            "rounds": args.rounds,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "rows": rows,
+        },
+    )
+    print(f"\nwrote {os.path.relpath(path)}")
 
 
 if __name__ == "__main__":

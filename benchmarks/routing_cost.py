@@ -24,7 +24,8 @@ the claim file and every reply's count against the expected count.
 
     .venv/bin/python benchmarks/routing_cost.py [--rounds 40] [--batch 100]
 
-Prints Markdown tables; writes benchmarks/results/routing_cost.json and .png.
+Prints Markdown tables; writes routing_cost.json and .png
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--batch", type=int, default=100, help="steps per class per round")
     parser.add_argument("--warmup", type=int, default=200, help="unrecorded steps per class")
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     print(_common.load_note())
     machine = _common.machine()  # before the run: its load average is the one at the start
     transports = _common.forward_transports()

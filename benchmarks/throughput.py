@@ -20,7 +20,8 @@ when the machine (nproc cores, shared) is the limit rather than the server.
 
     .venv/bin/python benchmarks/throughput.py [--episodes 400] [--rounds 5]
 
-Prints Markdown tables; writes benchmarks/results/throughput.json and .png.
+Prints Markdown tables; writes throughput.json and .png
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=400, help="timed episodes per run")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
     print(_common.load_note())
 
     runs: list[dict] = []

@@ -14,26 +14,26 @@ about 5% of sub-env steps are resets). Run from the repository root:
 
     .venv/bin/python benchmarks/vector_throughput.py [--rounds 5]
 
-Prints a Markdown table and writes benchmarks/results/vector_throughput.json.
+Prints a Markdown table and writes vector_throughput.json
+into --out DIR (default benchmarks/results/local/, untracked).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
 from typing import Any
 
+import _common
 import gymnasium as gym
 import numpy as np
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.server_process import start_server
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results", "vector_throughput.json")
 WORKERS = 4
 # Vector steps per measurement: about a second or two each on 2 cores.
 VECTOR_STEPS = {1: 1500, 8: 400, 64: 60}
@@ -78,7 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-async-64", action="store_true", help="skip AsyncVectorEnv N=64")
-    args = parser.parse_args()
+    args = _common.parse_args(parser)
 
     configs = [("make_vec", 1), ("make_vec", 8), ("make_vec", 64)]
     configs += [("AsyncVectorEnv", 1), ("AsyncVectorEnv", 8)]
@@ -141,28 +141,24 @@ def main() -> None:
     for note in notes:
         print(f"\nnote: {note}")
 
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as file:
-        json.dump(
-            {
-                "env": "CartPole-v1",
-                "workers": WORKERS,
-                "rounds": args.rounds,
-                "vector_steps": VECTOR_STEPS,
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "load_average_before": load_before,
-                    "load_average_after": os.getloadavg(),
-                },
-                "rows": rows,
-                "notes": notes,
+    path = _common.write_json(
+        "vector_throughput",
+        {
+            "env": "CartPole-v1",
+            "workers": WORKERS,
+            "rounds": args.rounds,
+            "vector_steps": VECTOR_STEPS,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
             },
-            file,
-            indent=2,
-        )
-        file.write("\n")
-    print(f"\nwrote {os.path.relpath(RESULTS)}")
+            "rows": rows,
+            "notes": notes,
+        },
+    )
+    print(f"\nwrote {os.path.relpath(path)}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,23 @@
-"""The ``gym-sessions`` command: ``serve`` a target, or run the ``demo``."""
+"""The ``gym-sessions`` command: ``serve`` a target, ``reload`` a server, or run the ``demo``.
+
+Every string shown by ``--help`` is plain text (no reStructuredText markup):
+``tests/e2e/test_cli.py`` checks it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import functools
+import importlib.metadata
+import json
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gym_sessions.errors import StartupError
 from gym_sessions.non_dumpable import make_process_non_dumpable
@@ -22,9 +29,16 @@ __all__ = ["main"]
 
 EXIT_STARTUP_FAILURE = 2
 
+DESCRIPTION = (
+    "Serve Gymnasium environments over HTTP from several worker processes, each session "
+    "routed to the worker that holds it."
+)
+
 SERVE_EPILOG = """\
 TARGET is a registered Gymnasium id (CartPole-v1) or module:attr naming an Env
-class, an env factory, a ResourcesServer, or an ASGI app.
+class, an env factory, a ResourcesServer, or an ASGI app. A module is imported
+from the current directory too. --env-kwargs '{"size": 8}' passes keyword
+arguments to the Env class, the factory or gymnasium.make of every session.
 
 With --workers > 1 every request of a session is routed to the worker that
 created the session (over that worker's private Unix socket), so per-session
@@ -66,13 +80,26 @@ def _make_non_dumpable() -> None:
 
 
 def serve(
-    target: str, settings: Settings, log_level: str = "info", pid_file: str | None = None
+    target: str,
+    settings: Settings,
+    log_level: str = "info",
+    pid_file: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> None:
     """Serve ``target`` with ``settings`` until interrupted (SIGINT/SIGTERM).
 
     This process and every worker are non-dumpable (`gym_sessions.non_dumpable`):
     they hold the secret. Workers receive ``settings`` through uvicorn's
     spawn pipe (`WorkerConfig`), never through their environment or argv.
+
+    Args:
+        target: A registered Gymnasium id or ``module:attr``.
+        settings: The server's settings.
+        log_level: uvicorn's log level.
+        pid_file: Where to write the supervisor's pid, if anywhere.
+        env_kwargs: Keyword arguments for the env class, factory or
+            ``gymnasium.make`` of every session (they travel to the workers
+            inside the target, a `ServeTarget`).
 
     Raises:
         StartupError: the target is bad or the address cannot be bound.
@@ -83,9 +110,11 @@ def serve(
     from gym_sessions.server.base import SessionServer
     from gym_sessions.server.http_protocol import BoundedHttpProtocol
     from gym_sessions.server.supervisor import Supervisor
-    from gym_sessions.server.targets import load_target
+    from gym_sessions.server.targets import ServeTarget, load_target
     from gym_sessions.server.worker import WorkerConfig, WorkerSpec
 
+    if env_kwargs:
+        target = ServeTarget(target, env_kwargs)
     _make_non_dumpable()  # again for callers from Python; main() did it before reading the secret
     served = load_target(target)  # fail here, with one clear line, rather than in every worker
     if isinstance(served, SessionServer):
@@ -186,8 +215,33 @@ def _without_password(url: str) -> str:
     return f"{scheme}{sep}***@{location}" if at else url
 
 
+def _parse_env_kwargs(text: str) -> dict[str, Any]:
+    """The ``--env-kwargs`` value: a JSON object of constructor keyword arguments.
+
+    Raises:
+        StartupError: ``text`` is not JSON, or not a JSON object.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise StartupError(f"--env-kwargs is not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise StartupError(
+            f"--env-kwargs must be a JSON object like '{{\"size\": 8}}', got {text!r}"
+        )
+    return value
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gym-sessions")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gym-sessions", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gym-sessions", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"gym-sessions {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve_cmd = commands.add_parser(
@@ -196,9 +250,21 @@ def _parser() -> argparse.ArgumentParser:
         epilog=SERVE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve_cmd.add_argument("target", metavar="TARGET")
+    serve_cmd.add_argument(
+        "target",
+        metavar="TARGET",
+        help="a registered Gymnasium id or module:attr (see below)",
+    )
+    serve_cmd.add_argument(
+        "--env-kwargs",
+        metavar="JSON",
+        help="a JSON object of keyword arguments for the env class, factory or gymnasium.make "
+        "of every session, e.g. '{\"size\": 8}'",
+    )
     serve_cmd.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
-    serve_cmd.add_argument("--host", default="127.0.0.1")
+    serve_cmd.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
     serve_cmd.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve_cmd.add_argument(
         "--secret-file",
@@ -326,7 +392,10 @@ def _parser() -> argparse.ArgumentParser:
         help="add x-gym-worker: <worker id> to replies (benchmarks, debugging)",
     )
     serve_cmd.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default info)",
     )
 
     reload_cmd = commands.add_parser(
@@ -338,9 +407,11 @@ def _parser() -> argparse.ArgumentParser:
     reload_target.add_argument("--pid", type=int, help="the supervisor's pid")
 
     demo_cmd = commands.add_parser("demo", help="serve the counter env and run episodes against it")
-    demo_cmd.add_argument("--workers", type=int, default=4)
-    demo_cmd.add_argument("--episodes", type=int, default=200)
-    demo_cmd.add_argument("--concurrency", type=int, default=32)
+    demo_cmd.add_argument("--workers", type=int, default=4, help="server workers (default 4)")
+    demo_cmd.add_argument("--episodes", type=int, default=200, help="episodes (default 200)")
+    demo_cmd.add_argument(
+        "--concurrency", type=int, default=32, help="episodes at a time (default 32)"
+    )
     return parser
 
 
@@ -352,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             if args.command_line_secret is not None:
                 raise StartupError(COMMAND_LINE_SECRET_REFUSAL)
+            env_kwargs = None if args.env_kwargs is None else _parse_env_kwargs(args.env_kwargs)
             _make_non_dumpable()  # before the secret is read into this process
             settings = Settings(
                 secret=server_secret(args.secret_file) or "",  # "": random per start
@@ -375,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 graceful_timeout=args.graceful_timeout,
                 drain_timeout=args.drain_timeout,
             )
-            serve(args.target, settings, args.log_level, args.pid_file)
+            serve(args.target, settings, args.log_level, args.pid_file, env_kwargs)
         elif args.command == "reload":
             reload_server(args.pid_file, args.pid)
         else:

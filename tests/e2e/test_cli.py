@@ -1,7 +1,8 @@
-"""``gym-sessions serve`` as a user meets it: start-up errors, ``--help``, start and stop."""
+"""``gym-sessions`` as a user meets it: start-up errors, help, version, start and stop."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import signal
@@ -125,3 +126,50 @@ def test_two_workers_remove_their_runtime_directory_on_sigterm(serve):
     assert oct(os.stat(runtime_dir).st_mode & 0o777) == oct(0o700)
     assert server.stop() in CLEAN_EXIT
     assert server.runtime_dirs() == []
+
+
+def test_version_names_the_installed_package(short_tmp: str):
+    result = run_cli(Path(short_tmp), "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"gym-sessions {importlib.metadata.version('gym-sessions')}"
+
+
+def test_help_of_every_command_is_plain_text(short_tmp: str):
+    main_help = run_cli(Path(short_tmp), "--help")
+    assert main_help.returncode == 0, main_help.stderr
+    (choices,) = re.findall(r"\{([\w,-]+)\}", main_help.stdout.splitlines()[0])
+    commands = choices.split(",")
+    assert {"serve", "reload", "demo"} <= set(commands)
+    for args, result in [((), main_help)] + [
+        ((command,), run_cli(Path(short_tmp), command, "--help")) for command in commands
+    ]:
+        assert result.returncode == 0, result.stderr
+        # Docstring markup (``literal``) is for the API docs, not for a terminal.
+        assert "``" not in result.stdout, f"gym-sessions {' '.join(args)} --help:\n{result.stdout}"
+
+
+@pytest.mark.parametrize(
+    ("env_kwargs", "mentions"),
+    [
+        ("{'size': 8}", ["--env-kwargs", "not valid JSON"]),
+        ('[["size", 8]]', ["--env-kwargs", "JSON object"]),
+        ('"size=8"', ["--env-kwargs", "JSON object"]),
+        ('{"no_such_argument": 1}', ["envs.counter:CounterEnv", "no_such_argument"]),
+    ],
+    ids=["not-json", "array", "string", "unknown-argument"],
+)
+def test_bad_env_kwargs_are_one_error_line(short_tmp: str, env_kwargs: str, mentions: list[str]):
+    tmpdir = Path(short_tmp)
+    result = run_cli(
+        tmpdir, "serve", "envs.counter:CounterEnv", "--port", "0", "--env-kwargs", env_kwargs
+    )
+    assert_one_error_line(result, *mentions)
+    assert list(tmpdir.glob("gym-sessions-*")) == []
+
+
+def test_env_kwargs_for_a_server_target_are_one_error_line(short_tmp: str):
+    result = run_cli(
+        Path(short_tmp),
+        *("serve", "envs.counter:CounterAgent", "--port", "0", "--env-kwargs", '{"a": 1}'),
+    )
+    assert_one_error_line(result, "envs.counter:CounterAgent", "env kwargs")
