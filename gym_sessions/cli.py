@@ -375,6 +375,32 @@ def _parser() -> argparse.ArgumentParser:
         "--private-host is loopback; required otherwise)",
     )
     serve_cmd.add_argument(
+        "--claims-timeout",
+        type=float,
+        default=Settings.claims_timeout,
+        metavar="SECONDS",
+        help="with Redis claims: how long one Redis call may take in all (waiting for a pooled "
+        "connection included) before its request gets 503 claims_unavailable "
+        f"(default {Settings.claims_timeout:g})",
+    )
+    serve_cmd.add_argument(
+        "--private-max-connections",
+        type=int,
+        default=Settings.private_max_connections,
+        metavar="N",
+        help="with Redis claims: open connections each worker's private port accepts, at most a "
+        "quarter of the descriptor limit; a new one replaces an idle one "
+        f"(default {Settings.private_max_connections})",
+    )
+    serve_cmd.add_argument(
+        "--private-idle-timeout",
+        type=float,
+        default=Settings.private_idle_timeout,
+        metavar="SECONDS",
+        help="with Redis claims: how long an idle connection to a private port stays open "
+        f"(default {Settings.private_idle_timeout:g})",
+    )
+    serve_cmd.add_argument(
         "--trust-session-ids",
         action="store_true",
         help="let a typed start or close reach a session by its id alone, without its cookie "
@@ -437,6 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 claims=args.claims,
                 private_host=args.private_host,
                 peer_networks=tuple(args.peer_network),
+                claims_timeout=args.claims_timeout,
+                private_max_connections=args.private_max_connections,
+                private_idle_timeout=args.private_idle_timeout,
                 trust_session_ids=args.trust_session_ids,
                 unsandboxed=args.unsandboxed,
                 max_sessions=args.max_sessions,

@@ -173,3 +173,20 @@ def test_env_kwargs_for_a_server_target_are_one_error_line(short_tmp: str):
         *("serve", "envs.counter:CounterAgent", "--port", "0", "--env-kwargs", '{"a": 1}'),
     )
     assert_one_error_line(result, "envs.counter:CounterAgent", "env kwargs")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "mention"),
+    [
+        ("--claims-timeout", "0", "claims_timeout"),
+        ("--private-idle-timeout", "-1", "private_idle_timeout"),
+        ("--private-max-connections", "0", "private_max_connections"),
+    ],
+)
+def test_bad_several_hosts_limits_are_one_error_line(
+    short_tmp: str, option: str, value: str, mention: str
+):
+    result = run_cli(
+        Path(short_tmp), "serve", "envs.counter:CounterEnv", "--port", "0", option, value
+    )
+    assert_one_error_line(result, mention)
