@@ -104,5 +104,7 @@ def decode_frame(status: int, headers: Mapping[str, str], body: bytes) -> Any:
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed frame reply: {exc}") from exc
     if headers.get(FRAME_LIST_HEADER) == "1":
+        if array.ndim == 0:
+            raise ValueError("malformed frame reply: a list of frames needs a leading axis")
         return list(array)
     return array

@@ -37,6 +37,12 @@ _MAX_IDLE_PER_CLAIMANT = 64
 # listener's own keep-alive would close it from its side).
 _IDLE_CLOSE_SECONDS = 15.0
 _BROKEN = (OSError, EOFError, httptools.HttpParserError)
+
+
+class _ClosedUnanswered(EOFError):
+    """The claimant closed the connection before a single byte of its reply came."""
+
+
 _JOIN_BELOW = 64 * 1024
 
 
@@ -158,9 +164,15 @@ class StreamForwarder:
             reply, parser = await self._exchange(connection, head, body)
         except _BROKEN as exc:
             connection.close()
-            if reused and isinstance(exc, EOFError) and await self.endpoints.reachable(worker_id):
+            if (
+                reused
+                and isinstance(exc, _ClosedUnanswered)
+                and await self.endpoints.reachable(worker_id)
+            ):
                 # A pooled connection the claimant closed while idle: nothing was
                 # read from it, so the request never ran. Try once more, afresh.
+                # (Once any byte of a reply came, the request may have run: a
+                # resend could run a step twice, so that is a 502 instead.)
                 connection, _ = await self._connect(worker_id)
                 try:
                     reply, parser = await self._exchange(connection, head, body)
@@ -190,10 +202,14 @@ class StreamForwarder:
         await connection.writer.drain()
         reply = _Reply()
         parser = reply.parser = httptools.HttpResponseParser(reply)
+        answered = False
         while not reply.headers_done:
             data = await connection.reader.read(_READ_SIZE)
             if not data:
-                raise EOFError("the claimant closed the connection before replying")
+                if answered:
+                    raise EOFError("the claimant closed the connection mid-reply")
+                raise _ClosedUnanswered("the claimant closed the connection before replying")
+            answered = True
             parser.feed_data(data)
         return reply, parser
 

@@ -118,7 +118,9 @@ class McpEndpoint:
         if "id" not in message:
             return Response(status_code=202)  # a notification: nothing to answer
         request_id, method = message["id"], message["method"]
-        params = message.get("params") or {}
+        params = message.get("params")
+        if params is None:  # absent or null: no parameters
+            params = {}
         if not isinstance(params, dict):
             return _error(request_id, INVALID_PARAMS, "params must be an object")
         if method == "initialize":
