@@ -12,7 +12,9 @@ server is the counter with injected faults (tests/stress/targets.py) at 4 (or
 8) workers, the agent is envs.counter:CounterAgent at 4 workers, and
 session_close_retry_window_seconds is 5 s. Real processes on loopback. With
 ``--hosts 2`` the checks that go through a load balancer run against two env
-hosts (2 workers each) sharing claims in a real redis-server behind nginx.
+hosts (2 workers each) sharing claims in a real redis-server behind nginx, and
+so do the multi-host faults: a 12 s step blocking a worker of each host, claim
+keys deleted, claims and registrations forged, Redis frozen with SIGSTOP.
 With ``--hog`` every repetition runs while one busy loop per core (other
 processes, tests/stress/hog.py) competes for the CPU.
 """
@@ -45,15 +47,31 @@ TALLY_TARGET = "tests.stress.targets:TallyServer"
 AGENT_TARGET = "envs.counter:CounterAgent"
 
 
+#: The faults the two-host run injects while episodes run (`scenarios`).
+LONG_STEPS = "long steps"
+CLAIMS_DELETED = "claims deleted"
+FORGED_ENTRIES = "forged entries"
+REDIS_FROZEN = "redis frozen"
+
+
 @dataclass(frozen=True)
 class Sizes:
     runs: tuple[int, ...]
     each: int
     killed: int
+    #: Multi-host faults to run (``each`` episodes apiece).
+    faults: tuple[str, ...] = ()
 
 
-FULL = Sizes(runs=(4_000, 10_000), each=1_000, killed=400)
-SMALL = Sizes(runs=(300,), each=200, killed=80)
+FULL = Sizes(
+    runs=(4_000, 10_000),
+    each=1_000,
+    killed=400,
+    faults=(LONG_STEPS, CLAIMS_DELETED, FORGED_ENTRIES, REDIS_FROZEN),
+)
+# The default suite runs the faults that cost a few seconds; a 12 s step and a
+# 5 s freeze are for the opt-in run.
+SMALL = Sizes(runs=(300,), each=200, killed=80, faults=(CLAIMS_DELETED, FORGED_ENTRIES))
 
 
 @contextlib.contextmanager
@@ -110,7 +128,8 @@ def run_multihost_suite(
 
     One redis-server, two env "hosts" (``workers_per_host`` workers each, own
     ports and temporary directories), nginx round robin in front; the agent (4
-    workers, file claims) reaches the env through nginx.
+    workers, file claims) reaches the env through nginx. Then the faults of
+    ``sizes.faults``, and last whether any session or claim was left behind.
     """
     secret = secrets.token_hex(32)
     rows: list[Row] = []
@@ -141,6 +160,19 @@ def run_multihost_suite(
             rows.append(await scenarios.dropped_replies(balancer.url, sizes.each, faults))
             rows.append(await scenarios.close_before_seed(balancer.url, sizes.each))
             rows.append(await scenarios.mcp_sequences(balancer.url, sizes.each))
+            if LONG_STEPS in sizes.faults:
+                rows.append(
+                    await scenarios.long_steps(balancer.url, store.url, hosts, faults, sizes.each)
+                )
+            if CLAIMS_DELETED in sizes.faults:
+                rows.append(await scenarios.claims_deleted(balancer.url, store.url, sizes.each))
+            if FORGED_ENTRIES in sizes.faults:
+                rows.append(await scenarios.forged_entries(balancer.url, store.url, sizes.each))
+            if REDIS_FROZEN in sizes.faults:
+                assert store.process is not None
+                rows.append(
+                    await scenarios.redis_frozen(balancer.url, store.process.pid, sizes.each)
+                )
             for host in hosts:
                 rows.append(await scenarios.live_sessions_left(host, workers_per_host))
             rows.append(await scenarios.redis_claims_left(store.url, window))

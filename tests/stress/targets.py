@@ -3,7 +3,8 @@
 - `FaultyCounterServer`: the counter env whose reset fails with 500 when the
   options ask for it, behind a middleware that holds back (so the client drops
   it) or cuts the reply of a request carrying ``x-stress-fault: delay`` or
-  ``cut``, after the app ran it.
+  ``cut``, after the app ran it; with ``slow-step`` the env's step blocks its
+  worker for `SLOW_STEP_SECONDS`, as a long real step does.
 - `TallyServer`: a resources server whose session start never reads the
   session (as an agent's own untyped seed) and whose tools create per-session
   state lazily; it counts how many session states each worker created, so a
@@ -16,6 +17,7 @@ import asyncio
 import os
 import re
 import time
+from contextvars import ContextVar
 from typing import Any
 
 from starlette.middleware import Middleware
@@ -37,7 +39,12 @@ MARK_HEADER = b"x-stress-mark"
 FAULT_DIR_ENV = "GYM_SESSIONS_STRESS_FAULT_DIR"
 #: A held-back reply waits at most this long for its client to drop it.
 HOLD_SECONDS = 30.0
+#: A ``slow-step`` step blocks its worker's event loop this long: past the 10 s
+#: lifetime of a worker's registration in Redis.
+SLOW_STEP_SECONDS = 12.0
 _MARK = re.compile(rb"[0-9a-f]{32}")
+# The mark of the ``slow-step`` request being served, for the env's step to see.
+_slow_step: ContextVar[bytes | None] = ContextVar("stress_slow_step", default=None)
 
 
 class _InjectedFault(Exception):
@@ -45,8 +52,19 @@ class _InjectedFault(Exception):
 
 
 def mark_path(fault_dir: str, mark: str) -> str:
-    """The marker file of a held-back reply."""
+    """The marker file of a held-back reply or a slow step."""
     return os.path.join(fault_dir, mark)
+
+
+def _create_marker(mark: bytes) -> str | None:
+    """Create the marker file named by ``mark``; its path, or ``None`` without a valid one."""
+    fault_dir = os.environ.get(FAULT_DIR_ENV)
+    if not fault_dir or not _MARK.fullmatch(mark):
+        return None
+    path = mark_path(fault_dir, mark.decode())
+    with open(path, "x"):
+        pass
+    return path
 
 
 async def _hold_until_dropped(headers: dict[bytes, bytes]) -> None:
@@ -57,15 +75,11 @@ async def _hold_until_dropped(headers: dict[bytes, bytes]) -> None:
     directory or a valid mark the reply is held for `HOLD_SECONDS` and the
     client, which never sees a marker, reports the check failed.
     """
-    fault_dir = os.environ.get(FAULT_DIR_ENV)
-    mark = headers.get(MARK_HEADER, b"")
     deadline = time.monotonic() + HOLD_SECONDS
-    if not fault_dir or not _MARK.fullmatch(mark):
+    path = _create_marker(headers.get(MARK_HEADER, b""))
+    if path is None:
         await asyncio.sleep(HOLD_SECONDS)
         return
-    path = mark_path(fault_dir, mark.decode())
-    with open(path, "x"):
-        pass
     while time.monotonic() < deadline:
         if not os.path.exists(path):
             return  # the client has closed the connection
@@ -84,7 +98,9 @@ class FaultInjectionMiddleware:
     request, whatever the load (a client timeout instead can fire before the
     server has even read the request, and the abandoned request then runs in
     the middle of the retried episode). ``cut`` sends the headers and half the
-    body, then closes the connection.
+    body, then closes the connection. ``slow-step`` leaves the reply alone and
+    makes the env's step slow (`FaultyCounterEnv.step`); it runs on the worker
+    that holds the session, wherever the request came in.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -95,6 +111,13 @@ class FaultInjectionMiddleware:
         fault = headers.get(FAULT_HEADER)
         if fault is None:
             await self.app(scope, receive, send)
+            return
+        if fault == b"slow-step":
+            token = _slow_step.set(headers.get(MARK_HEADER, b""))
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                _slow_step.reset(token)
             return
 
         async def faulty_send(message: Message) -> None:
@@ -121,6 +144,15 @@ class FaultyCounterEnv(CounterEnv):
         if options and options.get("fail"):
             raise RuntimeError("injected reset failure")
         return super().reset(seed=seed, options=options)
+
+    def step(self, action: Any):
+        mark = _slow_step.get()
+        if mark is not None:
+            # The marker tells the client the step runs; then block the event loop
+            # (no await), as a long step of a real env does.
+            _create_marker(mark)
+            time.sleep(SLOW_STEP_SECONDS)
+        return super().step(action)
 
 
 class FaultyCounterServer(GymEnvServer):
