@@ -1,33 +1,43 @@
-"""A worker's own claims and their lifetimes (DESIGN 3.4).
+"""A worker's own claims and their lifetimes (docs/design.md §3.4.3).
 
 The claimant keeps its claims in memory, so a request for one of its own
-sessions never asks the store. Each claim knows whether its session is open and
-how many requests for it are in flight; a background sweep ends the claims
-whose session has not been open for ``window`` seconds since its last request,
-even when no request comes. Only the claimant removes a claim, and never while
-a request for it is in flight.
+sessions never asks the store. Each claim is in one `ClaimState` and counts the
+requests for it in flight; every change of state is a row of `TRANSITIONS`. A
+background sweep ends the claims whose session has not been open for
+``window`` seconds since its last request, even when no request comes. Only the
+claimant removes a claim, and never while a request for it is in flight.
 
 For a store whose claims expire by themselves (Redis), the store follows the
-memory: a claim that is open or has a request in flight has no expiry; one that
-is idle and not open expires ``window`` plus a margin after its last request, so
-the claimant's own sweep always ends it first and the expiry only matters when
-the claimant died. One task per claim at a time brings the store in line, so
-two requests can never leave it in the wrong order.
+memory (`StoreExpiry`): a claim that is open or has a request in flight has no
+expiry; one that is idle and not open expires ``window`` plus a margin after
+its last request, so the claimant's own sweep always ends it first and the
+expiry only matters when the claimant died. One task per claim at a time brings
+the store in line, so two requests can never leave it in the wrong order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError
 from gym_sessions.routing.claim_store import ClaimStore
 from gym_sessions.routing.session_access import Incarnation
 
-__all__ = ["EXPIRY_MARGIN_SECONDS", "OwnedClaims", "RoomReservation"]
+__all__ = [
+    "EXPIRY_MARGIN_SECONDS",
+    "TRANSITIONS",
+    "ClaimEvent",
+    "ClaimState",
+    "OwnedClaims",
+    "RoomReservation",
+    "StoreExpiry",
+]
 
 logger = logging.getLogger("gym_sessions.routing")
 
@@ -36,26 +46,140 @@ logger = logging.getLogger("gym_sessions.routing")
 EXPIRY_MARGIN_SECONDS = 10.0
 
 
+class ClaimState(enum.Enum):
+    """Where a claim this worker holds is in its life."""
+
+    #: Held, session not open yet: a start in progress (or one that failed or
+    #: was never made), or a provisional claim for a cookie naming an unheld id.
+    CLAIMED = "claimed"
+    #: A live session: counts toward ``max_sessions`` and idles out.
+    OPEN = "open"
+    #: Kept open for a record only (an agent's close receipt or failed seed); not live.
+    RECORD = "record"
+    #: Closed, verified or ended: ends ``window`` seconds after its last request.
+    CLOSED = "closed"
+    #: Ends as soon as its requests in flight finish.
+    RELEASING = "releasing"
+    #: Gone from memory (and its store key removed, unless another worker holds it).
+    ENDED = "ended"
+
+    @property
+    def live(self) -> bool:
+        """A live session: counts toward ``max_sessions`` and idles out."""
+        return self is ClaimState.OPEN
+
+    @property
+    def open(self) -> bool:
+        """The claim lasts as long as the state does (no window runs)."""
+        return self in (ClaimState.OPEN, ClaimState.RECORD)
+
+    @property
+    def should_expire(self) -> bool:
+        """Not open: the sweep ends it ``window`` after its last request.
+
+        A store with expiry lets such a claim expire a margin later, once no
+        request for it is in flight (`_Claim.wanted_expiry`).
+        """
+        return self in (ClaimState.CLAIMED, ClaimState.CLOSED, ClaimState.RELEASING)
+
+
+class StoreExpiry(enum.Enum):
+    """What a store whose claims expire (Redis) was told about one claim."""
+
+    #: No expiry in the store.
+    HELD = "held"
+    #: Told to expire ``window + EXPIRY_MARGIN_SECONDS`` after the last request.
+    EXPIRING = "expiring"
+    #: Not known: adopted after a failed removal, or written back after Redis
+    #: lost its data. The next request (or sync) must hold it first.
+    UNKNOWN = "unknown"
+
+
+class ClaimEvent(enum.Enum):
+    """What happens to a claim; `TRANSITIONS` says where each event takes each state."""
+
+    MARK_OPEN_LIVE = "mark_open(live=True)"
+    MARK_OPEN_RECORD = "mark_open(live=False)"
+    MARK_NOT_OPEN = "mark_not_open"
+    #: `OwnedClaims.release_now` with no request in flight.
+    RELEASE_NOW = "release_now"
+    #: `OwnedClaims.release_now` with requests in flight.
+    RELEASE_WHEN_IDLE = "release_now, requests in flight"
+    #: `OwnedClaims.leave` of the last request in flight.
+    LAST_REQUEST_LEFT = "last request left"
+    #: The sweep: ``window`` seconds since the last request, none in flight.
+    WINDOW_PASSED = "window passed"
+    #: The sweep: a live session had no request for ``idle_timeout`` seconds.
+    IDLE_TIMEOUT = "idle timeout"
+    #: The store says another worker holds the claim now (a renewal, or a restore).
+    TAKEN_ELSEWHERE = "taken elsewhere"
+
+
+def _transition_table() -> Mapping[tuple[ClaimState, ClaimEvent], ClaimState]:
+    S, E = ClaimState, ClaimEvent
+    held = (S.CLAIMED, S.OPEN, S.RECORD, S.CLOSED, S.RELEASING)
+    table = {
+        # The session started, or an agent's seed registered: a live session.
+        # From OPEN it is a restart; from RECORD or CLOSED a start of the id again.
+        (S.CLAIMED, E.MARK_OPEN_LIVE): S.OPEN,
+        (S.OPEN, E.MARK_OPEN_LIVE): S.OPEN,
+        (S.RECORD, E.MARK_OPEN_LIVE): S.OPEN,
+        (S.CLOSED, E.MARK_OPEN_LIVE): S.OPEN,
+        (S.RELEASING, E.MARK_OPEN_LIVE): S.OPEN,
+        # Kept for a record only (an agent's close receipt or failed seed).
+        (S.CLAIMED, E.MARK_OPEN_RECORD): S.RECORD,
+        (S.RECORD, E.MARK_OPEN_RECORD): S.RECORD,
+        (S.CLOSED, E.MARK_OPEN_RECORD): S.RECORD,
+        (S.RELEASING, E.MARK_OPEN_RECORD): S.RECORD,
+        # A live session closed with a record kept (an agent's close receipt):
+        # no longer live, so it stops counting toward max_sessions at once.
+        (S.OPEN, E.MARK_OPEN_RECORD): S.RECORD,
+        # Closed, verified or ended: the window runs from its last request.
+        (S.CLAIMED, E.MARK_NOT_OPEN): S.CLOSED,
+        (S.OPEN, E.MARK_NOT_OPEN): S.CLOSED,
+        (S.RECORD, E.MARK_NOT_OPEN): S.CLOSED,
+        (S.CLOSED, E.MARK_NOT_OPEN): S.CLOSED,
+        # Already promised to end with its last request; closing does not undo that.
+        (S.RELEASING, E.MARK_NOT_OPEN): S.RELEASING,
+        **{(state, E.RELEASE_NOW): S.ENDED for state in held},
+        **{(state, E.RELEASE_WHEN_IDLE): S.RELEASING for state in held},
+        (S.RELEASING, E.LAST_REQUEST_LEFT): S.ENDED,
+        (S.CLAIMED, E.WINDOW_PASSED): S.ENDED,
+        (S.CLOSED, E.WINDOW_PASSED): S.ENDED,
+        # Only when `enter` refused the last request of a releasing claim: no
+        # `leave` comes, so the window ends it like any claim that is not open.
+        (S.RELEASING, E.WINDOW_PASSED): S.ENDED,
+        (S.OPEN, E.IDLE_TIMEOUT): S.CLOSED,
+        **{(state, E.TAKEN_ELSEWHERE): S.ENDED for state in held},
+    }
+    return MappingProxyType(table)
+
+
+#: ``(state, event) -> new state`` for every change a claim may make; any pair
+#: not here is refused (`OwnedClaims` logs it as an error). ENDED is final.
+TRANSITIONS: Mapping[tuple[ClaimState, ClaimEvent], ClaimState] = _transition_table()
+
+
 @dataclass
 class _Claim:
     idle_since: float
     # Who the session belongs to: lives and ends with the claim, so an id whose
     # claim ended starts a new incarnation that no earlier credential reaches.
     incarnation: Incarnation = field(default_factory=Incarnation)
-    open: bool = False
-    # A live session (not a record kept open, like an agent's close receipt):
-    # it counts toward the worker's capacity and idles out.
-    live: bool = False
+    state: ClaimState = ClaimState.CLAIMED
+    # Requests between `enter` and `leave`; a claim never ends while any is.
     in_flight: int = 0
-    release_when_idle: bool = False
-    # Store side (stores with expiry only): whether the store was told to let
-    # the claim expire (or may have been: then a request must hold it first),
-    # and the lock one task at a time holds while bringing the store in line.
-    expiring: bool = False
+    # Store side (stores with expiry only), and the lock one task at a time
+    # holds while bringing the store in line.
+    expiry: StoreExpiry = StoreExpiry.HELD
     lock: asyncio.Lock | None = None
 
-    def should_expire(self) -> bool:
-        return not self.open and self.in_flight == 0
+    @property
+    def wanted_expiry(self) -> StoreExpiry:
+        """What the store should hold for this claim now."""
+        if self.state.should_expire and self.in_flight == 0:
+            return StoreExpiry.EXPIRING
+        return StoreExpiry.HELD
 
 
 @dataclass(eq=False)
@@ -107,6 +231,7 @@ class OwnedClaims:
         self.idle_timeout = idle_timeout
         #: False while the worker drains: new sessions go to other workers.
         self.accepting_sessions = True
+        # Claims in a live state (`ClaimState.live`); kept by `_transition` alone.
         self._live = 0
         # Room taken by starts in flight, until their session opens or they end.
         self._reservations: dict[str, list[RoomReservation]] = {}
@@ -143,6 +268,11 @@ class OwnedClaims:
         """Live sessions this worker holds (see `mark_open`)."""
         return self._live
 
+    def state(self, session_id: str) -> ClaimState:
+        """The state of this worker's claim of ``session_id`` (`ClaimState.ENDED` if none)."""
+        claim = self._claims.get(session_id)
+        return ClaimState.ENDED if claim is None else claim.state
+
     def reserve_room(self, session_id: str) -> RoomReservation | None:
         """Take room for a start of ``session_id``; ``None`` if this worker is full or draining.
 
@@ -151,7 +281,7 @@ class OwnedClaims:
         when `mark_open` makes it live; `give_back_room` returns it otherwise.
         """
         claim = self._claims.get(session_id)
-        if claim is not None and claim.live:
+        if claim is not None and claim.state.live:
             return RoomReservation(session_id, active=False)
         if not self.accepting_sessions:
             return None
@@ -178,7 +308,7 @@ class OwnedClaims:
     def holds(self, session_id: str) -> bool:
         """Whether this worker holds the claim and means to keep it past this request."""
         claim = self._claims.get(session_id)
-        return claim is not None and not claim.release_when_idle
+        return claim is not None and claim.state is not ClaimState.RELEASING
 
     async def owner(self, session_id: str) -> str | None:
         """The worker that claims ``session_id``: this one from memory, others from the store.
@@ -217,12 +347,12 @@ class OwnedClaims:
             if session_id not in self._claims:  # a concurrent claim may have won the await
                 # Our own id back: a claim of ours the store kept after this
                 # worker let go of it (its removal failed), maybe with an
-                # expiry; marked expiring so the first request holds it again.
-                adopted = other == self.worker_id
+                # expiry, so the first request must hold it again.
+                adopted = other == self.worker_id and self.store.expires
                 self._claims[session_id] = _Claim(
                     idle_since=self._clock(),
                     incarnation=incarnation or Incarnation(),
-                    expiring=adopted,
+                    expiry=StoreExpiry.UNKNOWN if adopted else StoreExpiry.HELD,
                 )
             return None
         return other
@@ -243,7 +373,7 @@ class OwnedClaims:
             )
         claim = self._claims[session_id]
         claim.in_flight += 1
-        if not claim.expiring:
+        if claim.expiry is StoreExpiry.HELD:
             return
         await self._sync_store(session_id, claim)
         if self._claims.get(session_id) is not claim:
@@ -251,7 +381,7 @@ class OwnedClaims:
             raise SessionConflictError(
                 f"session {session_id!r} expired in the claim store and was claimed elsewhere"
             )
-        if claim.expiring:
+        if claim.expiry is not StoreExpiry.HELD:
             # Not held in the store: its expiry may run out under this request
             # and another worker take the session. Refuse rather than serve.
             claim.in_flight -= 1
@@ -268,9 +398,9 @@ class OwnedClaims:
         claim.idle_since = self._clock()
         if claim.in_flight:
             return
-        if claim.release_when_idle:
-            self._release(session_id)
-        elif self.store.expires and claim.should_expire() != claim.expiring:
+        if claim.state is ClaimState.RELEASING:
+            self._release(session_id, claim, ClaimEvent.LAST_REQUEST_LEFT)
+        elif self.store.expires and claim.expiry is not claim.wanted_expiry:
             await self._sync_store(session_id, claim)
 
     def mark_open(self, session_id: str, *, live: bool = True) -> None:
@@ -282,31 +412,29 @@ class OwnedClaims:
                 ``False`` keeps the claim for a record only (an agent's receipt).
         """
         claim = self._claims.get(session_id)
-        if claim is not None:
-            claim.open = True
-            claim.release_when_idle = False
-            if live and not claim.live:
-                claim.live = True
-                self._live += 1
-                held = self._reservations.get(session_id)
-                if held:
-                    # The room its start reserved is the live session's own now.
-                    self.give_back_room(held[0])
-            self._sync_later(session_id, claim)
+        if claim is None:
+            return
+        was_live = claim.state.live
+        event = ClaimEvent.MARK_OPEN_LIVE if live else ClaimEvent.MARK_OPEN_RECORD
+        if not self._transition(session_id, claim, event):
+            return
+        if claim.state.live and not was_live:
+            held = self._reservations.get(session_id)
+            if held:
+                # The room its start reserved is the live session's own now.
+                self.give_back_room(held[0])
+        self._sync_later(session_id, claim)
 
     def mark_not_open(self, session_id: str) -> None:
         """The session was closed, verified or ended: its window starts after its last request."""
         claim = self._claims.get(session_id)
         if claim is not None:
-            claim.open = False
-            self._not_live(claim)
+            self._close(session_id, claim, ClaimEvent.MARK_NOT_OPEN)
+
+    def _close(self, session_id: str, claim: _Claim, event: ClaimEvent) -> None:
+        if self._transition(session_id, claim, event):
             claim.idle_since = self._clock()
             self._sync_later(session_id, claim)
-
-    def _not_live(self, claim: _Claim) -> None:
-        if claim.live:
-            claim.live = False
-            self._live -= 1
 
     def drop_unclaimed_state(self, session_id: str) -> None:
         """Run the release hooks for a session this worker served but could not claim.
@@ -327,11 +455,9 @@ class OwnedClaims:
         if claim is None:
             return
         if claim.in_flight == 0:
-            self._release(session_id)
+            self._release(session_id, claim, ClaimEvent.RELEASE_NOW)
         else:
-            claim.open = False
-            self._not_live(claim)
-            claim.release_when_idle = True
+            self._transition(session_id, claim, ClaimEvent.RELEASE_WHEN_IDLE)
 
     def sweep(self) -> list[str]:
         """End every claim whose window has passed; returns the ended session ids.
@@ -342,19 +468,24 @@ class OwnedClaims:
         if self.idle_timeout > 0:
             self._end_idle_sessions(now - self.idle_timeout)
         deadline = now - self.window
-        expired = [
-            sid
+        due = [
+            (sid, claim)
             for sid, claim in self._claims.items()
-            if not claim.open and claim.in_flight == 0 and claim.idle_since <= deadline
+            if claim.state.should_expire and claim.in_flight == 0 and claim.idle_since <= deadline
         ]
-        for sid in expired:
-            self._release(sid)
+        expired = []
+        for sid, claim in due:
+            # A release hook of an earlier one may have ended it already.
+            if self._claims.get(sid) is claim and self._release(
+                sid, claim, ClaimEvent.WINDOW_PASSED
+            ):
+                expired.append(sid)
         for sid in list(self._unremoved):
             if sid not in self._removing:
                 self._start_removal(sid)
         if self.store.expires:
             for sid, claim in self._claims.items():
-                if claim.in_flight == 0 and claim.should_expire() != claim.expiring:
+                if claim.in_flight == 0 and claim.expiry is not claim.wanted_expiry:
                     self._sync_later(sid, claim)
         return expired
 
@@ -362,7 +493,7 @@ class OwnedClaims:
         idle = [
             sid
             for sid, claim in self._claims.items()
-            if claim.live and claim.in_flight == 0 and claim.idle_since <= deadline
+            if claim.state.live and claim.in_flight == 0 and claim.idle_since <= deadline
         ]
         for sid in idle:
             for hook in self._idle_hooks:
@@ -370,16 +501,55 @@ class OwnedClaims:
                     hook(sid)
                 except Exception:
                     logger.exception("ending idle session %r failed", sid)
-            self.mark_not_open(sid)  # whatever the hooks did, it no longer counts as live
+            # Whatever the hooks did, it no longer counts as live. A record they
+            # kept (an agent's receipt) stays until its owner drops it.
+            claim = self._claims.get(sid)
+            if claim is not None and claim.state.live:
+                self._close(sid, claim, ClaimEvent.IDLE_TIMEOUT)
 
-    def _release(self, session_id: str) -> None:
-        self._forget(session_id)
+    def _transition(self, session_id: str, claim: _Claim, event: ClaimEvent) -> bool:
+        """Move ``claim`` to where `TRANSITIONS` takes it on ``event``; ``False`` if refused.
+
+        The one place a claim changes state: it keeps the live count, and takes
+        an ENDED claim out of memory (its store key is the caller's business).
+        """
+        new = TRANSITIONS.get((claim.state, event))
+        if new is None:
+            # Refused and logged, not raised: the callers are paths that must run
+            # to their end (`leave` in the router's `finally`, the sweep over every
+            # claim, idle hooks, background store syncs). An exception there would
+            # strand a request count, stop every later sweep at the same claim,
+            # or turn a served reply into a 500. Refused, the claim keeps its
+            # state, a defined one whose invariants (one holder, no end under a
+            # request, no store expiry while open) still hold: at worst it lives
+            # longer than it should, and this error says why.
+            logger.error(
+                "claim of session %r: %s is not defined in state %s; refused",
+                session_id,
+                event.name,
+                claim.state.name,
+                stack_info=True,
+            )
+            return False
+        if new.live != claim.state.live:
+            self._live += 1 if new.live else -1
+        claim.state = new
+        if new is ClaimState.ENDED and self._claims.get(session_id) is claim:
+            del self._claims[session_id]
+        return True
+
+    def _release(self, session_id: str, claim: _Claim, event: ClaimEvent) -> bool:
+        """End the claim on ``event``: out of memory, out of the store, state released."""
+        if not self._transition(session_id, claim, event):
+            return False
         self._start_removal(session_id)
         self._run_release_hooks(session_id)
+        return True
 
-    def _forget(self, session_id: str) -> None:
-        """Drop the claim from memory (its store key is another matter)."""
-        self._not_live(self._claims.pop(session_id))
+    def _end_taken(self, session_id: str, claim: _Claim) -> None:
+        """The store says another worker holds the claim: end it here, leave its key alone."""
+        if self._transition(session_id, claim, ClaimEvent.TAKEN_ELSEWHERE):
+            self._run_release_hooks(session_id)
 
     def _start_removal(self, session_id: str) -> None:
         self._unremoved.discard(session_id)
@@ -414,26 +584,31 @@ class OwnedClaims:
 
         One task at a time per claim (its lock), each looping until the store
         matches, so two requests can never leave the store in the wrong order.
+        An UNKNOWN expiry never matches, so it is always written once.
         """
         if claim.lock is None:
             claim.lock = asyncio.Lock()
         async with claim.lock:
             try:
                 while self._claims.get(session_id) is claim:
-                    expire = claim.should_expire()
-                    if expire == claim.expiring:
+                    wanted = claim.wanted_expiry
+                    if claim.expiry is wanted:
                         return
-                    if expire:
+                    if wanted is StoreExpiry.EXPIRING:
                         seconds = self.window + EXPIRY_MARGIN_SECONDS
                         kept = await self.store.expire(session_id, seconds)
                     else:
                         kept = await self.store.hold(session_id)
                     if not kept:
-                        logger.error("the claim of session %r expired and was taken", session_id)
-                        self._forget(session_id)
-                        self._run_release_hooks(session_id)
+                        # Unless the claim ended here meanwhile (then the id may
+                        # be another claim's now, which this reply is not about).
+                        if self._claims.get(session_id) is claim:
+                            logger.error(
+                                "the claim of session %r expired and was taken", session_id
+                            )
+                            self._end_taken(session_id, claim)
                         return
-                    claim.expiring = expire
+                    claim.expiry = wanted
             except ClaimsUnavailableError:
                 # Nobody can claim while the store is unreachable; the sweep
                 # retries (the heartbeat reports the outage, once per beat).
@@ -461,12 +636,11 @@ class OwnedClaims:
                 return
             if other is not None and other != self.worker_id:
                 lost += 1
-                self._forget(sid)
-                self._run_release_hooks(sid)
+                self._end_taken(sid, claim)
                 return
             # What the store holds is unknown (a fresh key, or one a reader gave
-            # an orphan's expiry): force one update to what the claim needs.
-            claim.expiring = not claim.should_expire()
+            # an orphan's expiry): one update to what the claim needs.
+            claim.expiry = StoreExpiry.UNKNOWN
             async with slots:
                 await self._sync_store(sid, claim)
 

@@ -31,9 +31,12 @@ that does not verify is treated as missing and answered 503 (never forwarded
 to), so whoever can write Redis without the secret can deny service but cannot
 receive a forwarded request or feed a client.
 
-Reading a claim and its worker's address is one round trip (a script). Redis
-errors become `ClaimsUnavailableError` (503 ``claims_unavailable``); the
-client retries once at once (a pooled connection may predate a Redis restart).
+Reading a claim and its worker's address is one round trip (a script). Each
+script's KEYS and ARGV are the fields of one `_ScriptArgs` dataclass, which the
+script's Lua binds by name; the claim scripts' replies become one `ClaimReply`
+each (`parse_claim_reply`). Redis errors become `ClaimsUnavailableError` (503
+``claims_unavailable``); the client retries once at once (a pooled connection
+may predate a Redis restart).
 A stopped Redis (refused or reset connections) fails at once; one that hangs
 fails once a call has taken `STORE_DEADLINE_SECONDS` (10 s) in all, waiting for
 a pooled connection included: long enough that a worker's own lag under a
@@ -46,6 +49,7 @@ fine on one Redis server or a replicated pair, not on Redis Cluster.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -53,7 +57,8 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 import redis
 import redis.asyncio
@@ -103,6 +108,39 @@ _MAX_CONNECTIONS = 64
 
 _T = TypeVar("_T")
 
+
+@dataclass(frozen=True)
+class _ScriptArgs:
+    """The KEYS and ARGV of one Lua script, by name.
+
+    A subclass is a dataclass whose fields, in order, are the script's KEYS
+    (the first `key_count` fields) and then its ARGV: the layout is written
+    once, as those fields. Each script's text starts with `lua_locals`, which
+    binds every field's name to its position, so the Lua reads names as well
+    and nobody counts positions on either side. ``True``/``False`` go to Redis
+    as ``'1'``/``'0'``.
+    """
+
+    key_count: ClassVar[int]
+
+    @classmethod
+    def lua_locals(cls) -> str:
+        """Lua lines binding each field's name to its ``KEYS[i]`` or ``ARGV[i]``."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        keys, args = names[: cls.key_count], names[cls.key_count :]
+        lines = [f"local {name} = KEYS[{i}]" for i, name in enumerate(keys, 1)]
+        lines += [f"local {name} = ARGV[{i}]" for i, name in enumerate(args, 1)]
+        return "\n".join(lines) + "\n"
+
+    def call(self) -> dict[str, Any]:
+        """``keys=`` and ``args=`` of a redis-py script call."""
+        values = [
+            ("1" if value else "0") if isinstance(value, bool) else value
+            for value in (getattr(self, f.name) for f in dataclasses.fields(self))
+        ]
+        return {"keys": values[: self.key_count], "args": values[self.key_count :]}
+
+
 # Lua shared by the scripts that answer who holds a claim.
 #
 # settling(epoch key, grace ms): why no claim lookup can be trusted right now,
@@ -110,9 +148,9 @@ _T = TypeVar("_T")
 # and the claimants are still writing their claims back.
 #
 # holder(claim key, owner, registration prefix, orphan ms, epoch key, grace ms):
-# {owner, address} if the owner is registered; else, unless Redis is settling
-# ({'', reason}: an unregistered owner may only not have renewed yet), {owner}
-# after giving the orphaned claim an expiry unless it has one.
+# {owner, registration} if the owner is registered; else, unless Redis is
+# settling ({'', reason}: an unregistered owner may only not have renewed yet),
+# {owner} after giving the orphaned claim an expiry unless it has one.
 _HOLDER_LUA = """
 local function settling(epoch_key, grace_ms)
   local epoch = redis.call('GET', epoch_key)
@@ -137,125 +175,316 @@ local function holder(key, owner, registration_prefix, orphan_ms, epoch_key, gra
 end
 """
 
-# Claim unless claimed: false on success, else what `holder` says of the
-# claimant ({our id} if it is this worker); {'', 'lost', worker, registration}
-# when the claim is gone but another worker's index still lists it. KEYS = [claim key, this worker's
-# claim index, the set of workers with an index]; ARGV = [worker id, claim
-# name, registration prefix, orphan ms, epoch key, grace ms, restoring]. The
-# index (claim names per worker) lets the reaper find the claims of a dead
-# worker that nobody asks about. While Redis is settling only a restoring
-# claimant may write a claim that is not there.
+
+@dataclass(frozen=True)
+class _CreateArgs(_ScriptArgs):
+    """`_CREATE`: claim a session for this worker unless another holds it."""
+
+    key_count = 3
+    claim_key: str
+    #: This worker's claim index (the names of the claims it holds).
+    index_key: str
+    #: The set of workers with a claim index.
+    indexed_workers_key: str
+    #: This worker's signed claim value (`EntrySigner.claim_value`).
+    claim_value: str
+    claim_name: str
+    registration_prefix: str
+    #: The expiry an unregistered holder's claim gets, in ms.
+    orphan_ms: int
+    epoch_key: str
+    #: How long after Redis came back empty a miss is no answer, in ms.
+    grace_ms: int
+    #: This worker writes back a claim it holds (allowed while Redis settles).
+    restoring: bool
+    worker_id: str
+    #: Prefix of every worker's claim index.
+    index_prefix: str
+
+
+# Claim unless claimed: nil on success (indexed), else what `holder` says of
+# the claimant ({claim_value} if it is this worker's own); {'', 'lost', worker,
+# registration} when the claim is gone but another worker's index still lists
+# it. The index lets the reaper find the claims of a dead worker that nobody
+# asks about. While Redis is settling only a restoring claimant may write a
+# claim that is not there.
 _CREATE = (
-    _HOLDER_LUA
+    _CreateArgs.lua_locals()
+    + _HOLDER_LUA
     + """
-if ARGV[7] ~= '1' and redis.call('EXISTS', KEYS[1]) == 0 then
-  local reason = settling(ARGV[5], ARGV[6])
+if restoring ~= '1' and redis.call('EXISTS', claim_key) == 0 then
+  local reason = settling(epoch_key, grace_ms)
   if reason then return {'', reason} end
   -- A claim that vanished (evicted, deleted) while its worker still indexes
   -- it: that worker holds the session; never take the id over.
-  for _, worker in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-    if worker ~= ARGV[8] and redis.call('SISMEMBER', ARGV[9] .. worker, ARGV[2]) == 1 then
-      return {'', 'lost', worker, redis.call('GET', ARGV[3] .. worker)}
+  for _, worker in ipairs(redis.call('SMEMBERS', indexed_workers_key)) do
+    if worker ~= worker_id and redis.call('SISMEMBER', index_prefix .. worker, claim_name) == 1 then
+      return {'', 'lost', worker, redis.call('GET', registration_prefix .. worker)}
     end
   end
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
-  redis.call('SADD', KEYS[2], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[8])
+if redis.call('SET', claim_key, claim_value, 'NX') then
+  redis.call('SADD', index_key, claim_name)
+  redis.call('SADD', indexed_workers_key, worker_id)
   return false
 end
-local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[1] then
-  redis.call('SADD', KEYS[2], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[8])
+local owner = redis.call('GET', claim_key)
+if owner == claim_value then
+  redis.call('SADD', index_key, claim_name)
+  redis.call('SADD', indexed_workers_key, worker_id)
   return {owner}
 end
-redis.call('SREM', KEYS[2], ARGV[2])
-if ARGV[7] == '1' then return {owner} end
-return holder(KEYS[1], owner, ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+redis.call('SREM', index_key, claim_name)
+if restoring == '1' then return {owner} end
+return holder(claim_key, owner, registration_prefix, orphan_ms, epoch_key, grace_ms)
 """
 )
-# Who holds KEYS[1]: false (nobody) or what `holder` says. ARGV = [registration
-# prefix, orphan ms, epoch key, grace ms]. A miss while Redis is settling is no
-# answer either.
+
+
+@dataclass(frozen=True)
+class _ReadArgs(_ScriptArgs):
+    """`_READ`: who holds a claim."""
+
+    key_count = 1
+    claim_key: str
+    registration_prefix: str
+    orphan_ms: int
+    epoch_key: str
+    grace_ms: int
+
+
+# Nil (nobody) or what `holder` says. A miss while Redis is settling is no answer.
 _READ = (
-    _HOLDER_LUA
+    _ReadArgs.lua_locals()
+    + _HOLDER_LUA
     + """
-local owner = redis.call('GET', KEYS[1])
-if owner then return holder(KEYS[1], owner, ARGV[1], ARGV[2], ARGV[3], ARGV[4]) end
-local reason = settling(ARGV[3], ARGV[4])
+local owner = redis.call('GET', claim_key)
+if owner then
+  return holder(claim_key, owner, registration_prefix, orphan_ms, epoch_key, grace_ms)
+end
+local reason = settling(epoch_key, grace_ms)
 if reason then return {'', reason} end
 return false
 """
 )
-# The claim scripts below get KEYS = [claim key, this worker's claim index, the
-# set of workers with an index] and ARGV = [worker id, claim name, ...].
-_REMOVE = """
-redis.call('SREM', KEYS[2], ARGV[2])
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+
+
+@dataclass(frozen=True)
+class _RemoveArgs(_ScriptArgs):
+    """`_REMOVE`: remove this worker's claim (never another worker's)."""
+
+    key_count = 2
+    claim_key: str
+    index_key: str
+    claim_value: str
+    claim_name: str
+
+
+# 1 if the claim was ours and is deleted, else 0; its name leaves our index either way.
+_REMOVE = (
+    _RemoveArgs.lua_locals()
+    + """
+redis.call('SREM', index_key, claim_name)
+if redis.call('GET', claim_key) == claim_value then return redis.call('DEL', claim_key) end
 return 0
 """
-# Keep our claim without expiry (ARGV[3] = 0) or with ARGV[3] ms of it; write
-# it again if it is gone; 0 if another worker holds it.
-_KEEP = """
-local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then
-  redis.call('SREM', KEYS[2], ARGV[2])
-  return 0
+)
+
+
+@dataclass(frozen=True)
+class _KeepArgs(_ScriptArgs):
+    """`_KEEP`: keep this worker's claim, with or without expiry."""
+
+    key_count = 3
+    claim_key: str
+    index_key: str
+    indexed_workers_key: str
+    claim_value: str
+    claim_name: str
+    #: The expiry in ms; 0: none.
+    expire_ms: int
+    worker_id: str
+    #: A value found before that is not signed with the secret (forged or
+    #: altered): overwritten with ours if it is still there. "": none.
+    unsigned_value: str
+
+
+# Keep our claim without expiry (expire_ms 0) or with one; write it again if it
+# is gone (or still holds the unsigned value we were told to overwrite). 1, or
+# the other value the key holds (the caller checks whether it is signed).
+_KEEP = (
+    _KeepArgs.lua_locals()
+    + """
+local owner = redis.call('GET', claim_key)
+if owner and owner ~= claim_value and owner ~= unsigned_value then
+  return owner
 end
-if not owner then
-  redis.call('SET', KEYS[1], ARGV[1])
-  redis.call('SADD', KEYS[2], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[4])
+if owner ~= claim_value then
+  redis.call('SET', claim_key, claim_value)
+  redis.call('SADD', index_key, claim_name)
+  redis.call('SADD', indexed_workers_key, worker_id)
 end
-if tonumber(ARGV[3]) > 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if tonumber(expire_ms) > 0 then
+  redis.call('PEXPIRE', claim_key, expire_ms)
 else
-  redis.call('PERSIST', KEYS[1])
+  redis.call('PERSIST', claim_key)
 end
 return 1
 """
-# KEYS = [a worker's claim index, its registration, the set of indexed
-# workers]; ARGV = [its id, orphan ms, claim key prefix, batch]. If the worker
-# is unregistered, give up to ARGV[4] of its claims that have no expiry the
-# orphan expiry; returns {reaped, left} ({-1, 0} if it is registered).
-_REAP = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return {-1, 0} end
+)
+
+
+@dataclass(frozen=True)
+class _ReapArgs(_ScriptArgs):
+    """`_REAP`: give an unregistered worker's claims the orphan expiry, a batch at a time."""
+
+    key_count = 3
+    #: That worker's claim index.
+    index_key: str
+    #: That worker's registration.
+    registration_key: str
+    indexed_workers_key: str
+    worker_id: str
+    orphan_ms: int
+    claim_prefix: str
+    batch: int
+
+
+# If the worker is unregistered, give up to a batch of its claims that have no
+# expiry the orphan expiry; {reaped, left}, or {-1, 0} if it is registered.
+_REAP = (
+    _ReapArgs.lua_locals()
+    + """
+if redis.call('EXISTS', registration_key) == 1 then return {-1, 0} end
 local reaped = 0
-for _, name in ipairs(redis.call('SPOP', KEYS[1], tonumber(ARGV[4]))) do
-  local key = ARGV[3] .. name
+for _, name in ipairs(redis.call('SPOP', index_key, tonumber(batch))) do
+  local key = claim_prefix .. name
   local value = redis.call('GET', key)
-  if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|'
+  if value and string.sub(value, 1, #worker_id + 1) == worker_id .. '|'
      and redis.call('PTTL', key) == -1 then
-    redis.call('PEXPIRE', key, ARGV[2])
+    redis.call('PEXPIRE', key, orphan_ms)
     reaped = reaped + 1
   end
 end
-local left = redis.call('SCARD', KEYS[1])
-if left == 0 then redis.call('SREM', KEYS[3], ARGV[1]) end
+local left = redis.call('SCARD', index_key)
+if left == 0 then redis.call('SREM', indexed_workers_key, worker_id) end
 return {reaped, left}
 """
-# KEYS = [this worker's registration, the epoch key]; ARGV = [address, ttl ms,
-# 'start' or 'renew', random]. Returns {whether the registration existed,
-# epoch}. The epoch names one lifetime of Redis's data: a worker's start-up
-# creates it on an empty Redis ("0:..."); a renewing worker that finds it gone
-# (Redis came back empty) creates it stamped with Redis's clock, and claim
-# misses answer "no answer" for a grace period while claimants write back.
-_REGISTER = """
-local existed = redis.call('EXISTS', KEYS[1])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local epoch = redis.call('GET', KEYS[2])
+)
+
+
+@dataclass(frozen=True)
+class _RegisterArgs(_ScriptArgs):
+    """`_REGISTER`: write this worker's registration (and the epoch if it is missing)."""
+
+    key_count = 2
+    registration_key: str
+    epoch_key: str
+    #: The signed registration value (`EntrySigner.registration_value`).
+    registration: str
+    ttl_ms: int
+    #: 'start' (a worker's start-up) or 'renew'.
+    mode: str
+    #: Random hex, so each lifetime's epoch differs.
+    nonce: str
+
+
+# {whether the registration existed, epoch}. The epoch names one lifetime of
+# Redis's data: a worker's start-up creates it on an empty Redis ("0:..."); a
+# renewing worker that finds it gone (Redis came back empty) creates it stamped
+# with Redis's clock, and claim misses answer "no answer" for a grace period
+# while claimants write back.
+_REGISTER = (
+    _RegisterArgs.lua_locals()
+    + """
+local existed = redis.call('EXISTS', registration_key)
+redis.call('SET', registration_key, registration, 'PX', ttl_ms)
+local epoch = redis.call('GET', epoch_key)
 if not epoch then
   local since = '0'
-  if ARGV[3] == 'renew' then
+  if mode == 'renew' then
     local t = redis.call('TIME')
     since = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   end
-  epoch = since .. ':' .. ARGV[4]
-  redis.call('SET', KEYS[2], epoch)
+  epoch = since .. ':' .. nonce
+  redis.call('SET', epoch_key, epoch)
 end
 return {existed, epoch}
 """
+)
+
+#: Each script and the arguments it takes (what the tests check the text against).
+_SCRIPTS: dict[str, tuple[type[_ScriptArgs], str]] = {
+    "create": (_CreateArgs, _CREATE),
+    "read": (_ReadArgs, _READ),
+    "remove": (_RemoveArgs, _REMOVE),
+    "keep": (_KeepArgs, _KEEP),
+    "reap": (_ReapArgs, _REAP),
+    "register": (_RegisterArgs, _REGISTER),
+}
+
+
+@dataclass(frozen=True)
+class ClaimFree:
+    """Nobody holds the claim (`_CREATE`: this worker has just taken it)."""
+
+
+@dataclass(frozen=True)
+class ClaimHeld:
+    """A worker holds the claim.
+
+    Attributes:
+        value: The claim's signed value (not verified yet).
+        registration: The holder's signed registration, or ``None``: the holder
+            is not registered (its claim got an orphan's expiry), or it is this
+            worker, or a restore found it (nobody asked).
+    """
+
+    value: str
+    registration: str | None
+
+
+@dataclass(frozen=True)
+class ClaimSettling:
+    """No answer yet: Redis lost its data, or came back empty moments ago.
+
+    Attributes:
+        reason: What happened to Redis, as a phrase ("has lost its data").
+    """
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClaimLost:
+    """The claim's key is gone, but ``worker_id``'s index still lists it (`_CREATE` only).
+
+    Attributes:
+        worker_id: The worker that holds the session.
+        registration: Its signed registration, or ``None`` if it is not registered.
+    """
+
+    worker_id: str
+    registration: str | None
+
+
+ClaimReply = ClaimFree | ClaimHeld | ClaimSettling | ClaimLost
+
+
+def parse_claim_reply(found: Any) -> ClaimReply:
+    """What a `_CREATE` or `_READ` reply says.
+
+    The replies: nil → `ClaimFree`; ``{value}`` or ``{value, registration}`` →
+    `ClaimHeld`; ``{'', reason}`` → `ClaimSettling`; ``{'', 'lost', worker,
+    registration or nil}`` → `ClaimLost`.
+    """
+    if not found:
+        return ClaimFree()
+    if found[0]:
+        return ClaimHeld(found[0], found[1] if len(found) > 1 else None)
+    if len(found) > 2 and found[1] == "lost":
+        return ClaimLost(found[2], found[3] if len(found) > 3 else None)
+    return ClaimSettling(found[1])
 
 
 class EntrySigner:
@@ -505,21 +734,22 @@ class WorkerRegistry:
         existed = await self._write("renew")
         return existed and self.epoch == epoch and not may_have_lapsed
 
-    def _register_args(self, mode: str) -> dict[str, list[Any]]:
-        return {
-            "keys": [self.key_prefix + self.worker_id, _EPOCH_KEY],
-            "args": [
-                self._registration,
-                int(REGISTRATION_SECONDS * 1000),
-                mode,
-                secrets.token_hex(8),
-            ],
-        }
+    def _register_args(self, mode: str) -> _RegisterArgs:
+        return _RegisterArgs(
+            registration_key=self.key_prefix + self.worker_id,
+            epoch_key=_EPOCH_KEY,
+            registration=self._registration,
+            ttl_ms=int(REGISTRATION_SECONDS * 1000),
+            mode=mode,
+            nonce=secrets.token_hex(8),
+        )
 
     async def _write(self, mode: str) -> bool:
         assert self.address is not None
         started = self._clock()
-        existed, epoch = await _call(self._register(**self._register_args(mode)), self.deadline)
+        existed, epoch = await _call(
+            self._register(**self._register_args(mode).call()), self.deadline
+        )
         self.last_registered = started
         self.epoch = epoch
         return bool(existed)
@@ -536,7 +766,7 @@ class WorkerRegistry:
         started = self._clock()
         script = self.renewal_client.register_script(_REGISTER)
         try:
-            existed, new_epoch = script(**self._register_args("renew"))
+            existed, new_epoch = script(**self._register_args("renew").call())
         except (redis.RedisError, OSError) as exc:
             raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
         self.last_registered = started
@@ -668,21 +898,40 @@ class RedisClaimStore:
         self._grace_ms = int(RESTORE_GRACE_SECONDS * 1000)
         self.index_key = self.index_prefix + self.worker_id
 
+    def trusted_for(self) -> float:
+        """Seconds after its last registration write this worker may serve its claims from memory.
+
+        Another worker can take one of this worker's claims over only after all of:
+
+        - its registration expired: `REGISTRATION_SECONDS` after the last write
+          that succeeded (counted from when that write began, so never late);
+        - then a reader or the reaper found the claim unregistered and gave it
+          the orphan expiry (``orphan_seconds``: the window plus
+          `EXPIRY_MARGIN_SECONDS` as the app sets it), which ran out.
+
+        Less one `HEARTBEAT_SECONDS`, kept as a margin: a request admitted just
+        before the bound still ends well before a takeover can happen. Past it,
+        `standing` is false and every request under a claim gets 503.
+        """
+        return REGISTRATION_SECONDS + self.orphan_seconds - HEARTBEAT_SECONDS
+
+    def standing(self) -> bool:
+        """Whether nobody can have taken this worker's claims over yet (`OwnedClaims` standing)."""
+        return self.registry.registered_within(self.trusted_for())
+
     @classmethod
     def key(cls, session_id: str) -> str:
         """The Redis key of a session's claim."""
         return cls.claim_prefix + claim_name(session_id)
 
-    def _run(self, script: Any, session_id: str, *extra: object) -> Awaitable[Any]:
+    def _run(self, script: Any, args: _ScriptArgs) -> Awaitable[Any]:
+        return _call(script(**args.call()), self.registry.deadline)
+
+    def _mine(self, session_id: str) -> tuple[str, str]:
+        """The claim name of ``session_id`` and this worker's signed value for it."""
         name = claim_name(session_id)
-        mine = self.registry.signer.claim_value(name, self.worker_id, self.registry.address or "")
-        return _call(
-            script(
-                keys=[self.claim_prefix + name, self.index_key, self.indexed_workers_key],
-                args=[mine, name, *extra, self.worker_id],
-            ),
-            self.registry.deadline,
-        )
+        value = self.registry.signer.claim_value(name, self.worker_id, self.registry.address or "")
+        return name, value
 
     async def create(self, session_id: str, *, restoring: bool = False) -> str | None:
         """`ClaimStore.create`; ``restoring`` writes a claim back even while Redis settles.
@@ -691,25 +940,33 @@ class RedisClaimStore:
         is written back for that worker (if it is registered) rather than taken
         over: one session never gets two envs.
         """
-        found = await self._run(
-            self._create,
-            session_id,
-            *self._lookup_args(),
-            "1" if restoring else "0",
-            self.worker_id,
-            self.index_prefix,
+        name, value = self._mine(session_id)
+        args = _CreateArgs(
+            claim_key=self.claim_prefix + name,
+            index_key=self.index_key,
+            indexed_workers_key=self.indexed_workers_key,
+            claim_value=value,
+            claim_name=name,
+            registration_prefix=self.registry.key_prefix,
+            orphan_ms=self._orphan_ms,
+            epoch_key=_EPOCH_KEY,
+            grace_ms=self._grace_ms,
+            restoring=restoring,
+            worker_id=self.worker_id,
+            index_prefix=self.index_prefix,
         )
-        if found and found[0] == "" and found[1] == "lost":
-            return await self._give_back(session_id, found[2], found[3] if len(found) > 3 else None)
-        return self._holder(session_id, found)
+        return await self._holder(
+            session_id, parse_claim_reply(await self._run(self._create, args))
+        )
 
-    async def _give_back(self, session_id: str, worker_id: str, registration: str | None) -> str:
-        """Write back the vanished claim of ``worker_id``; returns that worker's id.
+    async def _give_back(self, session_id: str, lost: ClaimLost) -> str:
+        """Write back the vanished claim of ``lost.worker_id``; returns that worker's id.
 
         Raises:
             ClaimsUnavailableError: that worker is not registered (it may be slow
                 or gone: nobody can tell yet), or the claim is held meanwhile.
         """
+        worker_id, registration = lost.worker_id, lost.registration
         if registration is None:
             raise ClaimsUnavailableError(
                 f"the claim of this session vanished from the claim store while worker "
@@ -728,42 +985,86 @@ class RedisClaimStore:
         return worker_id
 
     async def read(self, session_id: str) -> str | None:
-        found = await _call(
-            self._read(keys=[self.key(session_id)], args=self._lookup_args()),
-            self.registry.deadline,
+        args = _ReadArgs(
+            claim_key=self.key(session_id),
+            registration_prefix=self.registry.key_prefix,
+            orphan_ms=self._orphan_ms,
+            epoch_key=_EPOCH_KEY,
+            grace_ms=self._grace_ms,
         )
-        return self._holder(session_id, found)
+        return await self._holder(session_id, parse_claim_reply(await self._run(self._read, args)))
 
-    def _lookup_args(self) -> list[object]:
-        return [self.registry.key_prefix, self._orphan_ms, _EPOCH_KEY, self._grace_ms]
-
-    def _holder(self, session_id: str, found: Any) -> str | None:
-        """A claim script's answer: the holder's id (its address remembered), or ``None``.
+    async def _holder(self, session_id: str, reply: ClaimReply) -> str | None:
+        """The holder's id a claim script's reply names (its address remembered), or ``None``.
 
         Raises:
-            ClaimsUnavailableError: Redis is settling, or the claim or the
-                holder's registration is not signed with this server's secret.
+            ClaimsUnavailableError: Redis is settling, the claim or the holder's
+                registration is not signed with this server's secret, or a
+                vanished claim could not be written back for its holder.
         """
-        if not found:
-            return None
-        value = found[0]
-        if not value:
-            raise ClaimsUnavailableError(
-                f"the claim store {found[1]}: its claims are being written back; retry shortly"
-            )
-        owner, address = self.registry.signer.read_claim(claim_name(session_id), value)
-        if owner != self.worker_id:
-            self.registry.remember(owner, found[1] if len(found) > 1 else None, address)
-        return owner
+        match reply:
+            case ClaimFree():
+                return None
+            case ClaimSettling(reason):
+                raise ClaimsUnavailableError(
+                    f"the claim store {reason}: its claims are being written back; retry shortly"
+                )
+            case ClaimLost():
+                return await self._give_back(session_id, reply)
+            case ClaimHeld(value, registration):
+                owner, address = self.registry.signer.read_claim(claim_name(session_id), value)
+                if owner != self.worker_id:
+                    self.registry.remember(owner, registration, address)
+                return owner
 
     async def remove(self, session_id: str) -> None:
-        await self._run(self._remove, session_id)
+        name, value = self._mine(session_id)
+        args = _RemoveArgs(
+            claim_key=self.claim_prefix + name,
+            index_key=self.index_key,
+            claim_value=value,
+            claim_name=name,
+        )
+        await self._run(self._remove, args)
 
     async def hold(self, session_id: str) -> bool:
-        return bool(await self._run(self._keep, session_id, 0))
+        return await self._keep_claim(session_id, 0)
 
     async def expire(self, session_id: str, seconds: float) -> bool:
-        return bool(await self._run(self._keep, session_id, max(1, int(seconds * 1000))))
+        return await self._keep_claim(session_id, max(1, int(seconds * 1000)))
+
+    async def _keep_claim(self, session_id: str, expire_ms: int) -> bool:
+        name, value = self._mine(session_id)
+        args = _KeepArgs(
+            claim_key=self.claim_prefix + name,
+            index_key=self.index_key,
+            indexed_workers_key=self.indexed_workers_key,
+            claim_value=value,
+            claim_name=name,
+            expire_ms=expire_ms,
+            worker_id=self.worker_id,
+            unsigned_value="",
+        )
+        found = await self._run(self._keep, args)
+        if found == 1:
+            return True
+        try:
+            owner: str | None = self.registry.signer.read_claim(name, found)[0]
+        except ClaimsUnavailableError:
+            owner = None  # not signed with the secret: nobody's claim, never a takeover
+            logger.warning(
+                "the claim of a session of this worker was altered in the claim store "
+                "(not signed with the secret): written back"
+            )
+        if owner is not None and owner != self.worker_id:
+            # Another worker's genuine claim: it took the id over after ours expired.
+            await _call(self.client.srem(self.index_key, name), self.registry.deadline)
+            return False
+        # Still ours: write our value back over the one found, if nothing changed since.
+        found = await self._run(self._keep, dataclasses.replace(args, unsigned_value=found))
+        if found == 1:
+            return True
+        raise ClaimsUnavailableError("the claim of this session keeps changing in the claim store")
 
     async def reap_orphans(self) -> int:
         """Give the claims of unregistered workers an expiry; returns how many.
@@ -782,17 +1083,16 @@ class RedisClaimStore:
                 continue
             left = 1
             while left:
-                count, left = await _call(
-                    self._reap(
-                        keys=[
-                            self.index_prefix + worker_id,
-                            self.registry.key_prefix + worker_id,
-                            self.indexed_workers_key,
-                        ],
-                        args=[worker_id, self._orphan_ms, self.claim_prefix, _REAP_BATCH],
-                    ),
-                    self.registry.deadline,
+                args = _ReapArgs(
+                    index_key=self.index_prefix + worker_id,
+                    registration_key=self.registry.key_prefix + worker_id,
+                    indexed_workers_key=self.indexed_workers_key,
+                    worker_id=worker_id,
+                    orphan_ms=self._orphan_ms,
+                    claim_prefix=self.claim_prefix,
+                    batch=_REAP_BATCH,
                 )
+                count, left = await self._run(self._reap, args)
                 if count < 0:
                     break  # registered: alive
                 reaped += count

@@ -40,8 +40,6 @@ from gym_sessions.routing.forwarder import Forwarder, make_forwarder
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
 from gym_sessions.routing.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
 from gym_sessions.routing.redis_claims import (
-    HEARTBEAT_SECONDS,
-    REGISTRATION_SECONDS,
     EntrySigner,
     RedisClaimStore,
     WorkerRegistry,
@@ -158,17 +156,10 @@ class WorkerApp:
             store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
             endpoints = UnixEndpoints(self.runtime_dir)
             self.forwarder = make_forwarder(settings.forward_transport, endpoints)
-        standing = None
-        if self.registry is not None:
-            registry = self.registry
-            # Others may take this worker's claims over once its registration has
-            # expired and a reader or the reaper gave them an orphan's expiry:
-            # serve them from memory only while that cannot have happened yet.
-            trusted_for = REGISTRATION_SECONDS + window + EXPIRY_MARGIN_SECONDS - HEARTBEAT_SECONDS
-
-            def standing() -> bool:
-                return registry.registered_within(trusted_for)
-
+        # Others may take this worker's claims over once its registration has
+        # expired and a reader or the reaper gave them an orphan's expiry: serve
+        # them from memory only while that cannot have happened yet.
+        standing = self.redis_store.standing if self.redis_store is not None else None
         self.claims = OwnedClaims(
             store,
             self.worker_id,

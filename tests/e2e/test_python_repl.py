@@ -25,6 +25,8 @@ from envs.counter_load import client_session
 from envs.python_repl import CHILD_MARKER  # a module that cannot import fails this file loudly
 from gym_sessions.server_process import ServerProcess
 
+from ..conftest import require_or_skip
+
 pytestmark = pytest.mark.e2e
 
 REPL = "envs.python_repl:PythonReplServer"
@@ -36,6 +38,14 @@ CHILD_SCRIPT = CHILD_MARKER  # an argument of every interpreter's command line
 COOKIE = "gym_session"
 TOKEN = "X-Gym-Session-Token"
 SESSIONS = 50
+
+
+@pytest.fixture(autouse=True)
+def sandbox_programs() -> None:
+    """Sandboxed, the server needs util-linux's prlimit and setpriv: else skip (CI: fail)."""
+    if not UNSANDBOXED:
+        for program in ("prlimit", "setpriv"):
+            require_or_skip(program, "util-linux")
 
 
 # Client side ---------------------------------------------------------------------------

@@ -10,8 +10,9 @@ those tests run sandboxed only (without this change the 2 GiB allocation
 succeeds, nothing bounds the processes, there is no private directory and
 the listening socket is inherited).
 
-The sandbox needs root; without it these tests skip (the in-process checks of
-the settings run anyway).
+The sandbox needs root and util-linux's prlimit and setpriv; without them
+these tests skip, naming what is missing (the in-process checks of the settings
+run anyway), and on CI (``CI=true``, run as root) they fail instead.
 """
 
 from __future__ import annotations
@@ -40,12 +41,26 @@ from gym_sessions.errors import StartupError
 from gym_sessions.server_process import ServerProcess
 from gym_sessions.settings import Settings
 
+from ..conftest import require_or_skip
+
 pytestmark = pytest.mark.e2e
 
 ROOT = os.geteuid() == 0
-needs_root = pytest.mark.skipif(
-    not ROOT, reason="the sandbox runs each session under a uid of its own, which needs root"
-)
+
+
+@pytest.fixture
+def sandbox_host() -> None:
+    """Root and util-linux's prlimit and setpriv, as the sandbox needs; else skip (CI: fail)."""
+    if not ROOT:
+        reason = "the sandbox runs each session under a uid of its own, which needs root"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (CI runs as root)")
+        pytest.skip(reason)
+    for program in ("prlimit", "setpriv"):
+        require_or_skip(program, "util-linux")
+
+
+needs_root = pytest.mark.usefixtures("sandbox_host")
 REPL = "envs.python_repl:PythonReplServer"
 COOKIE = "gym_session"
 SECRET = "repl-sandbox-test-secret-" + "z" * 20

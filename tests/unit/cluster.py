@@ -3,6 +3,10 @@
 Each worker is a real `WorkerApp` with its real private Unix socket; tests reach
 a chosen worker through a public Unix listener of its own, so they decide which
 worker accepts each request (as uvicorn's shared socket would, at random).
+
+A cluster started with a `FakeClock` measures claim windows on it: a test lets a
+window pass with `Cluster.elapse` (the clock moves, then every worker sweeps)
+instead of sleeping through it.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ from gym_sessions.routing.private_listener import PrivateListener
 from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.server.app import WorkerApp
+from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
 from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.settings import Settings
+
+from .fake_clock import FakeClock
 
 SECRET = "test-secret-" + "x" * 20
 
@@ -175,10 +182,17 @@ async def send(
 class Cluster:
     """``n`` in-process workers of one server sharing a runtime directory."""
 
-    def __init__(self, workers: list[Worker], runtime_dir: RuntimeDirectory | None, settings):
+    def __init__(
+        self,
+        workers: list[Worker],
+        runtime_dir: RuntimeDirectory | None,
+        settings,
+        clock: FakeClock | None = None,
+    ):
         self.workers = workers
         self.runtime_dir = runtime_dir
         self.settings = settings
+        self.clock = clock
         self.credentials = SessionCredentials(settings.secret, settings.session_cookie)
         self._redis: redis.Redis | None = None
 
@@ -207,6 +221,18 @@ class Cluster:
     def cookie_for(self, session_id: str) -> str:
         return self.credentials.encode_cookie({"session_id": session_id})
 
+    async def elapse(self, seconds: float) -> None:
+        """Let ``seconds`` pass on the workers' clock, then sweep as their background would.
+
+        Returns once every claim the sweeps ended is out of the store too.
+        """
+        assert self.clock is not None, "start the cluster with clock=FakeClock()"
+        self.clock.advance(seconds)
+        for worker in self.workers:
+            worker.app.claims.sweep()
+        for worker in self.workers:
+            await worker.app.claims.wait_for_store()
+
     async def stop(self) -> None:
         for worker in self.workers:
             await worker.stop()
@@ -214,10 +240,34 @@ class Cluster:
             self._redis.close()
 
 
+def _use_clock(app: WorkerApp, clock: FakeClock) -> None:
+    """Measure ``app``'s claim windows (and a resources server's close records) on ``clock``.
+
+    `OwnedClaims` takes a clock, but `WorkerApp` builds it with the real one and
+    has no parameter to pass another: set it before the worker starts.
+    """
+    app.claims._clock = clock
+    if isinstance(app.server, ResourcesServer):
+        # Close records must not outlive the claim (they run on the same window).
+        window = app.settings.session_close_retry_window_seconds
+        app.server.closed = ClosedResourcesSessionRecords(window, clock)
+
+
 async def start_cluster(
-    make_server: Any, n: int, base: str, *, routed: bool = True, **settings_kw: Any
+    make_server: Any,
+    n: int,
+    base: str,
+    *,
+    routed: bool = True,
+    clock: FakeClock | None = None,
+    **settings_kw: Any,
 ) -> Cluster:
-    """Start ``n`` workers, each serving a fresh ``make_server()``."""
+    """Start ``n`` workers, each serving a fresh ``make_server()``, on ``clock`` if given."""
+    # In-process workers stop together at teardown, when nobody is left to
+    # forward to them: waiting for forwarded requests to go quiet (half a
+    # second each time) protects nothing here. tests/e2e/test_operations.py
+    # covers that wait with real processes.
+    settings_kw.setdefault("graceful_timeout", 0.0)
     settings = Settings(workers=n, secret=SECRET, routes_sessions_to_owner=routed, **settings_kw)
     runtime_dir = None
     if settings.routed and not settings.redis_claims:
@@ -227,7 +277,9 @@ async def start_cluster(
     for index in range(n):
         server: ResourcesServer = make_server()
         app = WorkerApp(server, settings, worker_id=f"w{index}-{os.urandom(3).hex()}")
+        if clock is not None:
+            _use_clock(app, clock)
         worker = Worker(app, os.path.join(base, f"public-{index}-{os.urandom(3).hex()}.sock"))
         await worker.start()
         workers.append(worker)
-    return Cluster(workers, runtime_dir, settings)
+    return Cluster(workers, runtime_dir, settings, clock)

@@ -12,7 +12,10 @@ from .cluster import Cluster, start_cluster
 
 @pytest.fixture
 async def start_clusters(short_tmp) -> AsyncIterator[Callable[..., Any]]:
-    """``await start_clusters(server_class, n, **settings)``; every cluster stops at teardown."""
+    """``await start_clusters(server_class, n, clock=None, **settings)``; all stop at teardown.
+
+    ``clock``: a `FakeClock` for the workers' claim windows (see `Cluster.elapse`).
+    """
     made: list[Cluster] = []
 
     async def make(server_class: Any, n: int, **settings: Any) -> Cluster:

@@ -21,13 +21,19 @@ class ProbeServer(ResourcesServer):
     """Keeps a counter per session; every reply names the worker that served it.
 
     Routes:
-        /seed_session, /reset: typed or untyped starts (``{"fail": true}`` makes the start 500).
+        /seed_session, /reset: typed or untyped starts (``{"fail": true}`` makes the start 500,
+            ``{"hold": true}`` makes it wait for its gate).
         /blind_start: a session start whose handler never reads the session.
         /touch: reads the session and counts (creates a session implicitly).
         /nothing: never reads the session.
         /fail_touch: reads the session, then fails with 500.
         /echo: returns method, path, query, headers and a body digest; writes session data.
         /sleep: reads the session, sleeps ``seconds``.
+        /hold: reads the session, waits for its gate.
+
+    A held request waits until the test opens its session's gate
+    (``held[sid].set()``); the gate appears in `held` once the request is in its
+    handler, so the test knows it is in flight without timing it.
     """
 
     def __init__(self) -> None:
@@ -35,6 +41,7 @@ class ProbeServer(ResourcesServer):
         self.released: list[str] = []
         self.task_sizes: dict[str, int] = {}
         self.before_touch: Callable[[str], None] | None = None  # lets a test inject a race
+        self.held: dict[str, asyncio.Event] = {}
 
     @property
     def worker(self) -> str:
@@ -45,8 +52,8 @@ class ProbeServer(ResourcesServer):
         self.task_sizes[sid] = len(body.get("task", ""))
         if body.get("fail"):
             raise EnvError("start failed on purpose")
-        if body.get("slow"):
-            await asyncio.sleep(float(body["slow"]))
+        if body.get("hold"):
+            await self._gate(sid)
         return {"worker": self.worker, "task_size": self.task_sizes[sid]}
 
     async def verify_session(self, sid: str, body: dict[str, Any]) -> dict:
@@ -77,6 +84,7 @@ class ProbeServer(ResourcesServer):
             Route("/fail_touch", self.fail_touch, methods=["POST"]),
             Route("/echo", self.echo, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
             Route("/sleep", self.sleep, methods=["POST"]),
+            Route("/hold", self.hold, methods=["POST"]),
             Route("/stream", self.stream, methods=["GET"]),
         ]
 
@@ -129,3 +137,11 @@ class ProbeServer(ResourcesServer):
         body = await read_json(request) or {}
         await asyncio.sleep(float(body.get("seconds", 0.1)))
         return JSONResponse({"worker": self.worker, "sid": sid})
+
+    async def hold(self, request: Request) -> JSONResponse:
+        sid = session_id(request)
+        await self._gate(sid)
+        return JSONResponse({"worker": self.worker, "sid": sid})
+
+    async def _gate(self, sid: str) -> None:
+        await self.held.setdefault(sid, asyncio.Event()).wait()

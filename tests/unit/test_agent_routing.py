@@ -8,16 +8,23 @@ import socket
 import pytest
 
 from .cluster import Cluster, new_id, wait_until
+from .fake_clock import FakeClock
 from .probe_agent import ProbeAgent
 
 WINDOW = 1.0
+# For tests that wait for the agent's own records (receipts, failed seeds) to
+# end: the agent keeps them on the real clock, so their windows pass in real time.
+SHORT_WINDOW = 0.25
 COOKIE = "gym_session"
 
 
 @pytest.fixture
 def agents(start_clusters):
+    """Workers whose claim windows pass only when the test says so (`Cluster.elapse`)."""
+
     async def make(n: int = 3, **kw) -> Cluster:
         kw.setdefault("session_close_retry_window_seconds", WINDOW)
+        kw.setdefault("clock", FakeClock())
         return await start_clusters(ProbeAgent, n, **kw)
 
     return make
@@ -53,7 +60,7 @@ async def test_open_agent_session_keeps_its_claim(agents):
     c = await agents(2)
     sid = new_id()
     await seed(c[0], sid)
-    await asyncio.sleep(WINDOW * 1.5)
+    await c.elapse(WINDOW * 1.5)
     assert c.claim_owner(sid) == c[0].id
 
 
@@ -91,17 +98,18 @@ async def test_failed_seed_is_kept_for_the_callers_close(agents):
 
 
 async def test_failed_seed_nobody_closes_is_dropped_in_the_background(agents):
-    c = await agents(2)
+    c = await agents(2, session_close_retry_window_seconds=SHORT_WINDOW)
     sid = new_id()
     c[0].server.close_failures = 2  # the rollback fails, then the first background drop too
     await seed(c[0], sid, refuse=True, close_fails=True)
     assert c[0].server.metrics()["failed_seeds"] == 1
-    await asyncio.sleep(WINDOW * 1.5)
+    # A window later the background tries to drop it; checked at once (no await
+    # between), long before the retry a window after that.
+    assert await wait_until(lambda: c[0].server.close_failures == 0, SHORT_WINDOW * 20)
     # The first background drop raised: the record is kept and retried a window later.
-    assert c[0].server.close_failures == 0
     assert c[0].server.metrics()["failed_seeds"] == 1
     assert c.claim_owner(sid) == c[0].id
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    assert await wait_until(lambda: c.claim_owner(sid) is None, SHORT_WINDOW * 20)
     assert c[0].server.closed_states == [sid]
     assert c[0].server.metrics()["failed_seeds"] == 0
 

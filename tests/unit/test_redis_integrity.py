@@ -14,7 +14,7 @@ import pytest
 from gym_sessions.routing.claim_store import claim_name
 from gym_sessions.routing.redis_claims import KEY_PREFIX, EntrySigner, RedisClaimStore
 
-from .cluster import Cluster, new_id
+from .cluster import Cluster, new_id, wait_until
 from .probe_server import ProbeServer
 
 
@@ -140,3 +140,27 @@ async def test_a_vanished_claim_is_written_back_for_its_holder_not_taken_over(ho
     restart = await c[2].request("POST", "/reset", {"resources_session_id": sid})
     assert restart.status == 200 and restart.json["worker"] == c[0].id
     assert sum(sid in w.server.counts for w in c.workers) == 1  # one env, on its holder
+
+
+async def test_a_forged_claim_is_written_back_by_its_claimant_not_taken_for_a_takeover(
+    hosts, trap, caplog
+):
+    port, connections = trap
+    c = await hosts(2)
+    sid, cookie = await _start(c)
+    key = RedisClaimStore.key(sid)
+    genuine = c.redis().get(key)
+    c.redis().set(key, f"{c[1].id}|127.0.0.1:{port}|{'f' * 32}")
+    # The claimant closes the session: its store update finds the forged value.
+    closed = await c[0].request(
+        "POST", "/close_session", {"resources_session_id": sid}, cookie=cookie
+    )
+    assert closed.status == 200, closed.json
+    # Not taken for another worker's claim: written back, with the closed claim's
+    # expiry, and still the claimant's to end after the window.
+    assert await wait_until(lambda: c.redis().get(key) == genuine), c.redis().get(key)
+    assert c.redis().pttl(key) > 0
+    assert sid in c[0].app.claims
+    assert c.redis().sismember(c[0].app.redis_store.index_key, claim_name(sid))
+    assert "altered in the claim store" in caplog.text
+    assert connections == []

@@ -11,6 +11,7 @@ import pytest
 from gym_sessions.routing.claim_store import FileClaimStore
 
 from .cluster import Cluster, count_call, new_id, send, wait_until
+from .fake_clock import FakeClock
 from .probe_server import ProbeServer
 
 WINDOW = 1.0
@@ -20,9 +21,12 @@ STARTS = ("/seed_session", "/reset", "/blind_start")
 
 @pytest.fixture
 def cluster(start_clusters):
+    """Workers whose claim windows pass only when the test says so (`Cluster.elapse`)."""
+
     async def make(n: int = 3, **kw) -> Cluster:
         kw.setdefault("session_close_retry_window_seconds", WINDOW)
         kw.setdefault("checkpoint_session_starts", STARTS)
+        kw.setdefault("clock", FakeClock())
         return await start_clusters(ProbeServer, n, **kw)
 
     return make
@@ -398,20 +402,22 @@ async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
             sock.close()
 
 
-# Lifetimes (window 0.4 s; the sweep ends claims with no further request) ---------------------
+# Lifetimes (the sweep ends claims with no further request; windows pass on a fake clock) -----
 
 
 async def test_open_session_keeps_its_claim_then_close_ends_it_a_window_later(cluster):
     c = await cluster(2)
     sid = new_id()
     await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
-    await asyncio.sleep(WINDOW * 1.5)
+    await c.elapse(WINDOW * 1.5)
     assert c.claim_owner(sid) == c[0].id  # open: never expires
     closed = await c[1].request("POST", "/close_session", {"resources_session_id": sid})
     assert closed.json["outcome"] == "closed"
     assert c[0].server.released == [sid]
-    assert c.claim_owner(sid) == c[0].id  # the window starts now
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    await c.elapse(WINDOW * 0.75)
+    assert c.claim_owner(sid) == c[0].id  # the window started at the close
+    await c.elapse(WINDOW * 0.25)
+    assert c.claim_owner(sid) is None
     assert sid not in c[0].app.claims
 
 
@@ -420,11 +426,12 @@ async def test_verify_ends_the_session_unless_a_close_follows(cluster):
     sid = new_id()
     start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     await c[1].request("POST", "/verify", cookie=start.cookie, headers={"x-gym-close-follows": "1"})
-    await asyncio.sleep(WINDOW * 1.5)
+    await c.elapse(WINDOW * 1.5)
     assert c.claim_owner(sid) == c[0].id
     await c[1].request("POST", "/verify", cookie=start.cookie)
     assert c[0].server.released == [sid]
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    await c.elapse(WINDOW)
+    assert c.claim_owner(sid) is None
     again = await c[1].request("POST", "/close_session", {"resources_session_id": sid})
     # The claim has ended, so this close is new to every worker.
     assert again.json["outcome"] == "closed"
@@ -435,10 +442,13 @@ async def test_session_without_a_start_ends_a_window_after_its_last_request(clus
     first = await c[1].request("POST", "/touch")
     sid = first.json["sid"]
     for _ in range(3):
-        await asyncio.sleep(WINDOW / 4)
+        await c.elapse(WINDOW * 0.75)
         await c[0].request("POST", "/touch", cookie=first.cookie)
+    await c.elapse(WINDOW * 0.75)
     assert c.claim_owner(sid) == c[1].id  # each request restarted its window
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    assert c[1].server.released == []
+    await c.elapse(WINDOW * 0.25)
+    assert c.claim_owner(sid) is None
     assert c[1].server.released == [sid]
 
 
@@ -455,7 +465,8 @@ async def test_failed_start_keeps_its_claim_for_the_cleanup_close(cluster):
     assert c[0].server.released == [sid]  # the partial state was released on its worker
     retry = await c[1].request("POST", "/seed_session", {"resources_session_id": new_id()})
     assert retry.status == 200
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    await c.elapse(WINDOW)
+    assert c.claim_owner(sid) is None
 
 
 async def test_close_before_a_delayed_start_refuses_the_start_on_every_worker(cluster):
@@ -476,14 +487,17 @@ async def test_claim_is_not_released_while_a_request_is_in_flight(cluster):
     c = await cluster(2)
     first = await c[0].request("POST", "/touch")
     sid = first.json["sid"]
-    slow = asyncio.create_task(
-        c[1].request("POST", "/sleep", {"seconds": WINDOW * 2.5}, cookie=first.cookie)
-    )
-    await asyncio.sleep(WINDOW * 1.6)
+    held = asyncio.create_task(c[1].request("POST", "/hold", cookie=first.cookie))
+    assert await wait_until(lambda: sid in c[0].server.held)  # in its handler on c[0]
+    await c.elapse(WINDOW * 1.5)
     assert c.claim_owner(sid) == c[0].id
-    reply = await slow
+    c[0].server.held[sid].set()
+    reply = await held
     assert reply.json["worker"] == c[0].id
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    await c.elapse(WINDOW * 0.75)
+    assert c.claim_owner(sid) == c[0].id  # the window started when the request ended
+    await c.elapse(WINDOW * 0.25)
+    assert c.claim_owner(sid) is None
 
 
 # Races ----------------------------------------------------------------------------------------
@@ -532,14 +546,16 @@ async def test_request_forwarded_after_its_claim_ended_is_served_or_refused_not_
     c = await cluster(3)
     first = await c[0].request("POST", "/touch")
     sid = first.json["sid"]
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    await c.elapse(WINDOW)
+    assert c.claim_owner(sid) is None
     # The forward arrives (over c[0]'s private socket) after c[0] released the claim:
     # c[0] serves it and claims the id again.
     async with c.private_client(c[0]) as client:
         reply = await send(client, "POST", "/touch", cookie=first.cookie)
     assert reply.status == 200 and reply.json["worker"] == c[0].id
     assert c.claim_owner(sid) == c[0].id
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
+    await c.elapse(WINDOW)
+    assert c.claim_owner(sid) is None
     # Now c[2] claims it first; a late forward to c[0] must not split the session.
     await c[2].request("POST", "/touch", cookie=first.cookie)
     async with c.private_client(c[0]) as client:
@@ -746,18 +762,17 @@ async def test_close_without_a_session_is_refused_and_claims_nothing(cluster):
 async def test_start_that_awaits_while_its_session_closes_is_refused(cluster):
     c = await cluster(2)
     sid = new_id()
-    start, close = await asyncio.gather(
-        c[0].request("POST", "/seed_session", {"resources_session_id": sid, "slow": 0.3}),
-        _after(0.1, c[1].request("POST", "/close_session", {"resources_session_id": sid})),
+    starting = asyncio.create_task(
+        c[0].request("POST", "/seed_session", {"resources_session_id": sid, "hold": True})
     )
+    assert await wait_until(lambda: sid in c[0].server.held)  # the start awaits in its hook
+    close = await c[1].request("POST", "/close_session", {"resources_session_id": sid})
+    c[0].server.held[sid].set()
+    start = await starting
     assert close.json["outcome"] == "closed"
     assert start.status == 409
     assert start.json["error"]["code"] == "session_closed"
     assert sid not in c[0].server.counts
     # Not left open: the claim ends a window after the last request.
-    assert await wait_until(lambda: c.claim_owner(sid) is None, WINDOW * 6)
-
-
-async def _after(seconds: float, coroutine):
-    await asyncio.sleep(seconds)
-    return await coroutine
+    await c.elapse(WINDOW)
+    assert c.claim_owner(sid) is None
