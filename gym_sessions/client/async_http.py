@@ -1,11 +1,17 @@
-"""asyncio HTTP plumbing for the clients: aiohttp with one kept-alive connection per session.
+"""The asyncio HTTP shell of the clients: aiohttp with one kept-alive connection per session.
 
 The connector holds at most one connection (``limit=1``), so every request of a
 session goes over the connection that started it and reaches the worker that
 claimed the session, with no routing hop. If that connection closes, the next
 one carries the session cookie and the server routes it to the claimant. No
-cookie jar: the session cookie is kept by hand, as in the blocking client, so
-that sessions sharing a host never see each other's cookie.
+cookie jar: the session cookie is kept by hand (`HTTPClientBase`), as in the
+blocking client, so that sessions sharing a host never see each other's cookie.
+A server that holds many sessions of its own (the agent) passes its pool
+instead (``pool=``): the requests share its connections and its timeouts.
+
+Like the blocking shell, this module only moves bytes and names how a send
+failed; the rules are `gym_sessions.client.exchange`'s and
+`gym_sessions.client.step_recovery`'s.
 
 `AsyncHTTPClient.close_soon` closes the aiohttp session without ``await``, from
 any thread, even after its event loop has closed: an env collected or still
@@ -17,14 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+import math
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any
 
 import aiohttp
 
-from gym_sessions.client.http import HTTPClientBase
-from gym_sessions.client.protocol import Reply, Request
-from gym_sessions.errors import ConnectionLostError, ReplyTimeoutError, ServerUnreachableError
+from gym_sessions.client.exchange import (
+    Exchange,
+    Failure,
+    HTTPClientBase,
+    Reply,
+    Request,
+    TransportFailure,
+)
+from gym_sessions.client.step_recovery import StepRecovery
+from gym_sessions.errors import GymSessionsError
 
 __all__ = ["AsyncHTTPClient"]
 
@@ -58,17 +72,70 @@ def _run_without_loop(coroutine: Coroutine[Any, Any, Any]) -> None:
     coroutine.close()
 
 
+@contextlib.contextmanager
+def _send_failures() -> Iterator[None]:
+    """Report aiohttp's errors of a send as `TransportFailure`."""
+    try:
+        yield
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        raise TransportFailure(Failure.UNREACHABLE, str(exc)) from exc
+    except TimeoutError as exc:
+        raise TransportFailure.of(Failure.TIMEOUT, exc) from exc
+    except aiohttp.ClientError as exc:
+        raise TransportFailure.of(Failure.LOST, exc) from exc
+
+
 class AsyncHTTPClient(HTTPClientBase):
     """``await send(request)`` over one kept-alive connection (see `HTTPClientBase`).
 
     The aiohttp session is made on first use, inside the running event loop,
     and belongs to that loop.
+
+    Args:
+        url: As for `HTTPClientBase`; ``https`` too with a ``pool``.
+        timeout: As for `HTTPClientBase`.
+        keep_alive: As for `HTTPClientBase`.
+        retries: As for `HTTPClientBase`.
+        cookie_name: As for `HTTPClientBase`.
+        headers: As for `HTTPClientBase`.
+        pool: A shared aiohttp session to send with, which `close` leaves open:
+            its connector, timeouts and TLS settings apply (not ``timeout``);
+            its cookie jar is not used.
     """
 
     _session: aiohttp.ClientSession | None = None
     _loop: asyncio.AbstractEventLoop | None = None
 
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 60.0,
+        keep_alive: bool = True,
+        retries: int = 1,
+        cookie_name: str = "gym_session",
+        headers: Mapping[str, str] | None = None,
+        pool: aiohttp.ClientSession | None = None,
+    ) -> None:
+        schemes: tuple[str, ...] = ("http",)
+        if pool is not None:
+            schemes = ("http", "https")
+            # ReplyTimeoutError names the wait the pool allows for a reply.
+            timeout = pool.timeout.sock_read or pool.timeout.total or math.inf
+        super().__init__(
+            url,
+            timeout=timeout,
+            keep_alive=keep_alive,
+            retries=retries,
+            cookie_name=cookie_name,
+            headers=headers,
+            schemes=schemes,
+        )
+        self._pool = pool
+
     def _client(self) -> aiohttp.ClientSession:
+        if self._pool is not None:
+            return self._pool
         if self._session is None or self._session.closed:
             # aiohttp refuses an idle timeout for connections it never keeps.
             idle = {"keepalive_timeout": _IDLE_SECONDS} if self.keep_alive else {}
@@ -91,27 +158,33 @@ class AsyncHTTPClient(HTTPClientBase):
             ConnectionLostError: the reply was lost and the request is not resendable.
             ReplyTimeoutError: no reply in time.
         """
-        payload, headers = self._headers(request)
-        url = self.url + request.path
-        attempt = 0
+        exchange = self.exchange(request)
         while True:
             try:
-                async with self._client().request(
-                    request.method, url, data=payload or None, headers=headers
-                ) as response:
-                    body = await response.read()
-                    reply_headers = response.headers.items()
-                    return self._reply(response.status, reply_headers, body)
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                raise ServerUnreachableError(self.url, str(exc)) from exc
-            except TimeoutError as exc:
-                if not self._may_resend(request, attempt):
-                    raise ReplyTimeoutError(self.url, request.describe(), self.timeout) from exc
-            except aiohttp.ClientError as exc:
-                if not self._may_resend(request, attempt):
-                    reason = str(exc) or type(exc).__name__
-                    raise ConnectionLostError(self.url, request.describe(), reason) from exc
-            attempt += 1
+                status, headers, body = await self._round_trip(exchange)
+            except TransportFailure as failure:
+                exchange.failed(failure)  # returns only to send again
+            else:
+                return exchange.replied(status, headers, body)
+
+    async def send_step(self, step: StepRecovery) -> Reply:
+        """Send a step's requests until its reply is in (errors as for `send`)."""
+        while step.request is not None:
+            try:
+                reply = await self.send(step.request)
+            except GymSessionsError as error:
+                step.failed(error)  # returns only if there is a request to send next
+            else:
+                step.replied(reply)
+        return step.reply
+
+    async def _round_trip(self, exchange: Exchange) -> tuple[int, list[tuple[str, str]], bytes]:
+        url = self.url + exchange.path
+        with _send_failures():
+            async with self._client().request(
+                exchange.method, url, data=exchange.payload or None, headers=exchange.headers
+            ) as response:
+                return response.status, list(response.headers.items()), await response.read()
 
     async def close(self) -> None:
         """Close the connection (a later request opens a new one)."""

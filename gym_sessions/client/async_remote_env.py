@@ -18,7 +18,7 @@ from gym_sessions.client.protocol import (
     EnvDescription,
     RemoteEnvProtocol,
 )
-from gym_sessions.errors import ConnectionLostError, NoOpenEpisodeError, SessionGoneError
+from gym_sessions.errors import SessionGoneError
 
 __all__ = ["AsyncRemoteEnv"]
 
@@ -158,16 +158,7 @@ class AsyncRemoteEnv:
     async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Take one action; returns observation, reward, terminated, truncated and info."""
         protocol = self.protocol
-        request = protocol.step_request(action)
-        try:
-            reply = await self._http.send(request)
-        except ConnectionLostError as lost:
-            try:
-                observed = await self._http.send(protocol.observe_request())
-            except NoOpenEpisodeError as exc:
-                raise protocol.step_ran(lost) from exc
-            protocol.step_not_run(observed, lost)
-            reply = await self._http.send(request)
+        reply = await self._http.send_step(protocol.step_recovery(action))
         return protocol.step_reply(reply)
 
     async def render(self) -> Any:

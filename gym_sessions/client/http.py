@@ -1,143 +1,51 @@
-"""Blocking HTTP plumbing for the clients: one kept-alive connection, the session cookie, errors.
+"""The blocking HTTP shell of the clients: one kept-alive ``http.client`` connection.
 
 A client that keeps one connection per session keeps talking to the worker
 that accepted that connection, which is the worker that claimed the session,
-so its requests never need a hop. Error replies become the exceptions of
-`gym_sessions.errors`; a refused connection becomes `ServerUnreachableError`
-naming the URL. A reply lost to a broken connection or a timeout is retried
-(``retries`` times) only for requests marked resendable
-(`gym_sessions.client.protocol.Request`); otherwise it raises
-`ConnectionLostError` or `ReplyTimeoutError`.
-
-`HTTPClientBase` holds what the blocking `HTTPClient` and the asyncio
-`AsyncHTTPClient` share: the URL, the cookie, request headers and reply decoding.
-A caller's extra ``headers`` (an authenticating proxy's, say) go on every request.
+so its requests never need a hop. This module only moves bytes and names how a
+send failed (`TransportFailure`); what to send, what a reply means and whether
+to send again are `gym_sessions.client.exchange`'s, and the recovery of a lost
+step reply is `gym_sessions.client.step_recovery`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
-import json
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
-from gym_sessions.client.protocol import Reply, Request
-from gym_sessions.errors import (
-    ConnectionLostError,
-    ReplyTimeoutError,
-    ServerUnreachableError,
-    error_from_body,
+from gym_sessions.client.exchange import (
+    Exchange,
+    Failure,
+    HTTPClientBase,
+    Reply,
+    Request,
+    TransportFailure,
 )
+from gym_sessions.client.step_recovery import StepRecovery
+from gym_sessions.errors import GymSessionsError
 
 __all__ = ["HTTPClient", "HTTPClientBase"]
 
-#: Headers only the client sets: a caller's value would break the request's framing.
-_FRAMING_HEADERS = frozenset(
-    {"connection", "content-length", "content-type", "host", "transfer-encoding"}
-)
 
-
-def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    """A copy of a caller's extra headers; raises for ones the client must set itself."""
-    checked: dict[str, str] = {}
-    for name, value in (headers or {}).items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise TypeError(f"header names and values must be str, not {name!r}: {value!r}")
-        if name.lower() in _FRAMING_HEADERS:
-            raise ValueError(f"header {name!r} is set by the client itself")
-        if any(c in name + value for c in "\r\n\0"):
-            raise ValueError(f"header {name!r} contains a line break or NUL")
-        checked[name] = value
-    return checked
-
-
-class HTTPClientBase:
-    """URL, session cookie, headers and reply decoding shared by both HTTP clients.
-
-    Args:
-        url: Server base URL, ``http://host:port`` (a path prefix is kept).
-        timeout: Seconds to wait for connect and for each reply.
-        keep_alive: Reuse one connection (the default). ``False`` opens a new
-            connection per request, as pooled clients and load balancers do.
-        retries: How many times a resendable request is sent again after its
-            reply was lost (a broken connection or a timeout).
-        cookie_name: The server's session cookie name.
-        headers: Extra headers sent with every request (an authenticating
-            proxy's, say). A ``Cookie`` here is sent along with the session
-            cookie; framing headers (``Content-Type``, ``Connection``, ...) are refused.
-
-    Raises:
-        ValueError: a bad URL, or a header the client sets itself.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout: float = 60.0,
-        keep_alive: bool = True,
-        retries: int = 1,
-        cookie_name: str = "gym_session",
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"url must look like http://host:port, not {url!r}")
-        self.url = url.rstrip("/")
-        self._host = parts.hostname
-        self._port = parts.port or 80
-        self._prefix = parts.path.rstrip("/")
-        self.timeout = timeout
-        self.keep_alive = keep_alive
-        self.retries = retries
-        self.cookie_name = cookie_name
-        self.cookie: str | None = None
-        #: The caller's extra headers, sent with every request.
-        self.headers = _checked_headers(headers)
-
-    def _headers(self, request: Request) -> tuple[bytes, dict[str, str]]:
-        """The body and headers to send for ``request``."""
-        if request.new_session:
-            self.cookie = None  # an earlier session's cookie beside the new id would get a 409
-        headers = {name: value for name, value in self.headers.items() if name.lower() != "cookie"}
-        if not any(name.lower() == "accept" for name in headers):
-            headers["Accept"] = "application/json"
-        payload = b""
-        if request.body is not None:
-            payload = json.dumps(request.body, allow_nan=False).encode()
-            headers["Content-Type"] = "application/json"
-        cookies = [value for name, value in self.headers.items() if name.lower() == "cookie"]
-        if self.cookie:
-            cookies.append(f"{self.cookie_name}={self.cookie}")
-        if cookies:  # one Cookie header: the caller's cookies and the session's
-            headers["Cookie"] = "; ".join(cookies)
-        if not self.keep_alive:
-            headers["Connection"] = "close"
-        headers.update(request.headers)
-        return payload, headers
-
-    def _may_resend(self, request: Request, attempt: int) -> bool:
-        return request.resendable and attempt < self.retries
-
-    def _reply(self, status: int, headers: Iterable[tuple[str, str]], body: bytes) -> Reply:
-        """Remember the session cookie; raise the error an error reply stands for."""
-        lowered: dict[str, str] = {}
-        for name, value in headers:
-            name = name.lower()
-            lowered[name] = value
-            if name == "set-cookie":
-                key, _, rest = value.split(";", 1)[0].partition("=")
-                if key.strip() == self.cookie_name:
-                    self.cookie = rest.strip() or None
-        if status >= 400:
-            raise error_from_body(status, body)
-        return Reply(status, lowered, body)
+@contextlib.contextmanager
+def _reply_failures() -> Iterator[None]:
+    """Report a sent request's socket and ``http.client`` errors as `TransportFailure`."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise TransportFailure.of(Failure.TIMEOUT, exc) from exc
+    except (http.client.HTTPException, OSError) as exc:
+        raise TransportFailure.of(Failure.LOST, exc) from exc
 
 
 class HTTPClient(HTTPClientBase):
-    """Blocking requests to one server over one connection, carrying the session cookie."""
+    """Blocking requests to one server over one connection, carrying the session cookie.
+
+    Arguments as for `HTTPClientBase`.
+    """
 
     _connection: http.client.HTTPConnection | None = None
 
@@ -166,24 +74,25 @@ class HTTPClient(HTTPClientBase):
 
     def send(self, request: Request) -> Reply:
         """Send ``request``; returns its reply (errors as for `request`)."""
-        payload, headers = self._headers(request)
-        path = self._prefix + request.path
-        attempt = 0
+        exchange = self.exchange(request)
         while True:
             try:
-                status, reply_headers, data = self._exchange(request.method, path, payload, headers)
-            except ServerUnreachableError:
-                raise
-            except TimeoutError as exc:
-                if not self._may_resend(request, attempt):
-                    raise ReplyTimeoutError(self.url, request.describe(), self.timeout) from exc
-            except (http.client.HTTPException, OSError) as exc:
-                if not self._may_resend(request, attempt):
-                    reason = str(exc) or type(exc).__name__
-                    raise ConnectionLostError(self.url, request.describe(), reason) from exc
+                status, headers, body = self._round_trip(exchange)
+            except TransportFailure as failure:
+                exchange.failed(failure)  # returns only to send again
             else:
-                return self._reply(status, reply_headers, data)
-            attempt += 1
+                return exchange.replied(status, headers, body)
+
+    def send_step(self, step: StepRecovery) -> Reply:
+        """Send a step's requests until its reply is in (errors as for `request`)."""
+        while step.request is not None:
+            try:
+                reply = self.send(step.request)
+            except GymSessionsError as error:
+                step.failed(error)  # returns only if there is a request to send next
+            else:
+                step.replied(reply)
+        return step.reply
 
     def _connect(self) -> http.client.HTTPConnection:
         if self._connection is None:
@@ -193,18 +102,19 @@ class HTTPClient(HTTPClientBase):
                 connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as exc:
                 connection.close()
-                raise ServerUnreachableError(self.url, exc.strerror or str(exc)) from exc
+                reason = exc.strerror or str(exc)
+                raise TransportFailure(Failure.UNREACHABLE, reason) from exc
             self._connection = connection
         return self._connection
 
-    def _exchange(
-        self, method: str, path: str, payload: bytes, headers: dict[str, str]
-    ) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _round_trip(self, exchange: Exchange) -> tuple[int, list[tuple[str, str]], bytes]:
         connection = self._connect()
+        path = self._prefix + exchange.path
         try:
-            connection.request(method, path, body=payload, headers=headers)
-            response = connection.getresponse()
-            data = response.read()
+            with _reply_failures():
+                connection.request(exchange.method, path, exchange.payload, exchange.headers)
+                response = connection.getresponse()
+                data = response.read()
         except BaseException:
             self.close()  # a half-used connection cannot carry another request
             raise

@@ -24,7 +24,8 @@ import os
 import weakref
 from collections.abc import Callable
 
-from gym_sessions.client.http import HTTPClient, HTTPClientBase
+from gym_sessions.client.exchange import HTTPClientBase
+from gym_sessions.client.http import HTTPClient
 from gym_sessions.client.protocol import RemoteEnvProtocol
 
 __all__ = ["EXIT_CLOSE_TIMEOUT_SECONDS", "close_at_exit", "close_session_quietly"]

@@ -4,7 +4,9 @@
 around one `RemoteEnvProtocol`: it builds every request (route, JSON body,
 whether it is safe to send again) and decodes every reply (observations through
 the space codec, frames through `gym_sessions.frames`), so the two
-clients cannot drift apart. The shells only move bytes.
+clients cannot drift apart. The shells only move bytes. The agent's env
+sessions (`gym_sessions.server.env_session`) build their requests with the same
+functions (`start_request`, `verify_request`, `close_request`, ...).
 
 Which requests may be sent again after a lost reply (`Request.resendable`):
 
@@ -17,7 +19,8 @@ Which requests may be sent again after a lost reply (`Request.resendable`):
 - ``/step`` and ``/verify`` are not idempotent and are never resent blindly.
   After a lost ``/step`` reply the client asks ``/observe`` how many steps the
   episode has taken: if the step did not run it is sent again, otherwise
-  `ConnectionLostError` says the step ran and its reply is lost.
+  `ConnectionLostError` says the step ran and its reply is lost
+  (`gym_sessions.client.step_recovery`).
 
 A session is closed at most once (`claim_close`), whether by ``close()`` or by
 the close at garbage collection or exit (`gym_sessions.client.lifecycle`). A
@@ -27,26 +30,33 @@ key, since the server refuses a closed id for its window (409 session_closed).
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
-from gym_sessions.errors import ConnectionLostError
+from gym_sessions.client.exchange import Reply, Request
+from gym_sessions.client.step_recovery import StepRecovery
 from gym_sessions.frames import decode_frame
 from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
 
 __all__ = [
+    "HEALTH_REQUEST",
+    "SPACES_REQUEST",
     "WIRE_RENDER_MODES",
     "EnvDescription",
     "RemoteEnvProtocol",
     "Reply",
     "Request",
+    "close_request",
+    "session_names",
+    "start_request",
+    "step_request",
+    "verify_request",
 ]
 
 #: Render modes whose frames a client can receive. ``human`` would open a window
@@ -56,43 +66,52 @@ WIRE_RENDER_MODES = ("rgb_array", "depth_array", "ansi")
 
 CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
 
+SPACES_REQUEST = Request("GET", "/spaces", resendable=True)
+# Sent with the session cookie: the router hands it to the worker that claims
+# the session, whichever worker accepted the connection.
+HEALTH_REQUEST = Request("GET", "/health", resendable=True)
+RENDER_REQUEST = Request("POST", "/render", {}, resendable=True)
 
-@dataclass(frozen=True)
-class Request:
-    """One HTTP request of a session.
 
-    Attributes:
-        method: ``GET`` or ``POST``.
-        path: Route path (the client adds its URL's prefix).
-        body: JSON body; ``None`` sends none.
-        headers: Extra headers.
-        resendable: Safe to send again when its reply is lost (see module docstring).
-        new_session: The first start of a session: the client drops the cookie
-            of an earlier (closed) session, which the server would refuse beside
-            the new id (409).
+# The routes of a session, as JSON ------------------------------------------------------------
+
+
+def session_names(session_id: str, session_key: str) -> dict[str, str]:
+    """The body fields that name a session and prove its ownership without the cookie."""
+    return {"resources_session_id": session_id, "session_key": session_key}
+
+
+def start_request(
+    route: str, names: Mapping[str, str], body: Mapping[str, Any], *, first: bool
+) -> Request:
+    """A session start (``/reset``, ``/seed_session``) by id and key, so resendable.
+
+    Args:
+        route: The start route.
+        names: `session_names` of the session.
+        body: The route's other fields (seed, options, ...).
+        first: The session's first start (drops an earlier session's cookie).
     """
-
-    method: str
-    path: str
-    body: Any = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    resendable: bool = False
-    new_session: bool = False
-
-    def describe(self) -> str:
-        return f"{self.method} {self.path}"
+    return Request("POST", route, {**names, **body}, resendable=True, new_session=first)
 
 
-@dataclass(frozen=True)
-class Reply:
-    """A reply: status, headers (lower-case names) and raw body."""
+def step_request(action: Any) -> Request:
+    """One ``/step`` with an action already in JSON; never resent blindly."""
+    return Request("POST", "/step", {"action": action})
 
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
 
-    def json(self) -> Any:
-        return json.loads(self.body) if self.body else None
+def verify_request(close_follows: bool, body: Mapping[str, Any]) -> Request:
+    """``/verify``; ``close_follows`` keeps the session open for the close that follows."""
+    headers = {CLOSE_FOLLOWS_HEADER: "1"} if close_follows else {}
+    return Request("POST", "/verify", dict(body), headers)
+
+
+def close_request(names: Mapping[str, str]) -> Request:
+    """``/close_session`` by body id and key: reaches the session even without its cookie."""
+    return Request("POST", "/close_session", dict(names), resendable=True)
+
+
+# A remote Gymnasium env ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -139,9 +158,6 @@ class EnvDescription:
             )
 
 
-SPACES_REQUEST = Request("GET", "/spaces", resendable=True)
-
-
 class RemoteEnvProtocol:
     """Requests and replies of one env session, without I/O.
 
@@ -186,15 +202,11 @@ class RemoteEnvProtocol:
             self.new_session()  # the server refuses a closed id for its window
         first_start = not self.started
         self.started = True
-        body: dict[str, Any] = {
-            "resources_session_id": self.session_id,
-            "session_key": self.session_key,
-            "seed": seed,
-            "options": options,
-        }
+        body: dict[str, Any] = {"seed": seed, "options": options}
         if self.render_mode is not None:
             body["render_mode"] = self.render_mode
-        return Request("POST", "/reset", body, resendable=True, new_session=first_start)
+        names = session_names(self.session_id, self.session_key)
+        return start_request("/reset", names, body, first=first_start)
 
     def reset_reply(self, reply: Reply) -> tuple[Any, dict[str, Any]]:
         data = reply.json()
@@ -202,10 +214,10 @@ class RemoteEnvProtocol:
         observation = value_from_json(self.description.observation_space, data["observation"])
         return observation, data["info"]
 
-    def step_request(self, action: Any) -> Request:
-        return Request(
-            "POST", "/step", {"action": value_to_json(self.description.action_space, action)}
-        )
+    def step_recovery(self, action: Any) -> StepRecovery:
+        """The requests of a step of ``action``, a lost reply included."""
+        encoded = value_to_json(self.description.action_space, action)
+        return StepRecovery(step_request(encoded), self.episode_length)
 
     def step_reply(self, reply: Reply) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         data = reply.json()
@@ -218,42 +230,19 @@ class RemoteEnvProtocol:
             data["info"],
         )
 
-    # After a lost step reply ---------------------------------------------------------------
-
-    def observe_request(self) -> Request:
-        return Request("POST", "/observe", {}, resendable=True)
-
-    def step_not_run(self, observed: Reply, lost: ConnectionLostError) -> None:
-        """Return if ``/observe`` shows the lost step did not run (resend it); else raise."""
-        if observed.json()["episode_length"] != self.episode_length:
-            raise self.step_ran(lost)
-
-    def step_ran(self, lost: ConnectionLostError) -> ConnectionLostError:
-        """The error for a step that ran on the server but whose reply was lost."""
-        error = ConnectionLostError(
-            lost.url,
-            "POST /step",
-            f"the step ran on the server but its reply was lost ({lost}); call reset()",
-        )
-        error.__cause__ = lost
-        return error
-
     # Other routes ---------------------------------------------------------------------------
 
     def render_request(self) -> Request:
-        return Request("POST", "/render", {}, resendable=True)
+        return RENDER_REQUEST
 
     def render_reply(self, reply: Reply) -> Any:
         return decode_frame(reply.status, reply.headers, reply.body)
 
     def verify_request(self, close_follows: bool, body: dict[str, Any]) -> Request:
-        headers = {CLOSE_FOLLOWS_HEADER: "1"} if close_follows else {}
-        return Request("POST", "/verify", body, headers)
+        return verify_request(close_follows, body)
 
     def health_request(self) -> Request:
-        # Sent with the session cookie: the router hands it to the worker that
-        # claims the session, whichever worker accepted the connection.
-        return Request("GET", "/health", resendable=True)
+        return HEALTH_REQUEST
 
     def health_reply(self, reply: Reply) -> str:
         """Remember and return the worker that holds the session."""
@@ -263,8 +252,7 @@ class RemoteEnvProtocol:
     # Closing -------------------------------------------------------------------------------
 
     def close_request(self) -> Request:
-        body = {"resources_session_id": self.session_id, "session_key": self.session_key}
-        return Request("POST", "/close_session", body, resendable=True)
+        return close_request(session_names(self.session_id, self.session_key))
 
     def claim_close(self) -> Request | None:
         """Mark the session closed; returns its close request the first time, if it started.

@@ -16,7 +16,7 @@ from gym_sessions.client.protocol import (
     EnvDescription,
     RemoteEnvProtocol,
 )
-from gym_sessions.errors import ConnectionLostError, NoOpenEpisodeError, SessionGoneError
+from gym_sessions.errors import SessionGoneError
 
 __all__ = ["RemoteEnv"]
 
@@ -107,20 +107,8 @@ class RemoteEnv(gym.Env):
         return observation, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        request = self._protocol.step_request(action)
-        try:
-            reply = self._http.send(request)
-        except ConnectionLostError as lost:
-            self._check_step_not_run(lost)
-            reply = self._http.send(request)
+        reply = self._http.send_step(self._protocol.step_recovery(action))
         return self._protocol.step_reply(reply)
-
-    def _check_step_not_run(self, lost: ConnectionLostError) -> None:
-        try:
-            observed = self._http.send(self._protocol.observe_request())
-        except NoOpenEpisodeError as exc:
-            raise self._protocol.step_ran(lost) from exc
-        self._protocol.step_not_run(observed, lost)
 
     def render(self) -> Any:
         """The served env's frame in this env's `render_mode` (``None`` without one)."""

@@ -1,27 +1,49 @@
 """An agent's handle on one session of an environment (resources) server.
 
-It speaks the env server's HTTP routes over the agent's shared aiohttp pool,
-names the session with an id it picks (so a retried start cannot create a
-second session) and proves it owns it with a random ``session_key`` (so its
-close reaches the session even when it never received the cookie), carries the
-session cookie, and turns every failure into an
-`HTTPError` whose message names the env server and the cause.
+It sends through the clients' HTTP layer (`gym_sessions.client.async_http`,
+over the agent's shared aiohttp pool), so it carries the session cookie, resends
+what is safe to resend after a lost reply and recovers a lost ``/step`` reply
+exactly as `AsyncRemoteEnv` does (`gym_sessions.client.exchange`,
+`gym_sessions.client.step_recovery`). It names the session with an id it picks
+(so a resent start cannot create a second session) and proves it owns it with a
+random ``session_key`` (so its close reaches the session even when it never
+received the cookie). Every failure becomes a `BadGatewayError` whose message
+names the env server, the route and the cause.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import uuid
 from typing import Any
 
 import aiohttp
 
-from gym_sessions.errors import BadGatewayError, HTTPError, error_from_body
+from gym_sessions.client.async_http import AsyncHTTPClient
+from gym_sessions.client.exchange import Request
+from gym_sessions.client.protocol import (
+    SPACES_REQUEST,
+    close_request,
+    session_names,
+    start_request,
+    step_request,
+    verify_request,
+)
+from gym_sessions.client.step_recovery import StepRecovery
+from gym_sessions.errors import BadGatewayError, GymSessionsError, HTTPError
 
-__all__ = ["EnvSession"]
+__all__ = ["EnvSession", "bad_gateway"]
 
-_COOKIE = "gym_session"
+_START_ROUTE = "/seed_session"
+
+
+def bad_gateway(url: str, route: str, error: GymSessionsError) -> BadGatewayError:
+    """The agent's error for an env server's ``error`` on ``route``: 502, naming all three."""
+    if isinstance(error, HTTPError):
+        return BadGatewayError(
+            f"env server {url} answered {route} with {error.status} {error.code}: {error.message}"
+        )
+    return BadGatewayError(f"env server {url} failed on {route}: {error}")
 
 
 class EnvSession:
@@ -30,67 +52,61 @@ class EnvSession:
     Args:
         client: The agent's shared aiohttp session (its cookie jar is not used).
         url: The env server's base URL.
+
+    Raises:
+        BadGatewayError: ``url`` is not an ``http(s)://host:port`` URL.
     """
 
     def __init__(self, client: aiohttp.ClientSession, url: str) -> None:
-        self.client = client
         self.url = url.rstrip("/")
+        try:
+            self._http = AsyncHTTPClient(self.url, pool=client)
+        except ValueError as exc:
+            raise BadGatewayError(f"env server {url}: {exc}") from exc
         self.session_id = uuid.uuid4().hex
         self.session_key = secrets.token_urlsafe(32)
         self.started = False
-        self._cookie: str | None = None
-
-    async def request(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
-    ) -> Any:
-        """Send one request; returns the JSON reply.
-
-        Raises:
-            BadGatewayError: the env server cannot be reached, or replied with an
-                error (the message names its status, code and message).
-        """
-        send_headers = dict(headers or {})
-        if self._cookie:
-            send_headers["Cookie"] = f"{_COOKIE}={self._cookie}"
-        try:
-            async with self.client.request(
-                method, self.url + path, json=body, headers=send_headers
-            ) as reply:
-                data = await reply.read()
-                morsel = reply.cookies.get(_COOKIE)
-                if morsel is not None:
-                    self._cookie = morsel.value
-                status = reply.status
-        except aiohttp.ClientError as exc:
-            raise BadGatewayError(f"env server {self.url} failed on {path}: {exc}") from exc
-        if status >= 400:
-            error: HTTPError = error_from_body(status, data)
-            raise BadGatewayError(
-                f"env server {self.url} answered {path} with {status} {error.code}: {error.message}"
-            )
-        return json.loads(data) if data else None
+        #: Steps of the open episode, as the env server counts them (``/observe``).
+        self.episode_length = 0
 
     async def spaces(self) -> dict[str, Any]:
         """The env server's ``/spaces``."""
-        return await self.request("GET", "/spaces")
+        return await self._send(SPACES_REQUEST)
 
     async def start(self, body: dict[str, Any]) -> dict[str, Any]:
         """Start the session (``/seed_session``) with this handle's id."""
+        first = not self.started
         self.started = True
-        return await self.request("POST", "/seed_session", {**body, **self._names()})
+        names = session_names(self.session_id, self.session_key)
+        reply = await self._send(start_request(_START_ROUTE, names, body, first=first))
+        self.episode_length = 0
+        return reply
 
     async def step(self, action: Any) -> dict[str, Any]:
-        """One ``/step``."""
-        return await self.request("POST", "/step", {"action": action})
+        """One ``/step`` (``action`` already in JSON)."""
+        recovery = StepRecovery(step_request(action), self.episode_length)
+        try:
+            reply = await self._http.send_step(recovery)
+        except GymSessionsError as error:
+            raise bad_gateway(self.url, recovery.step.path, error) from error
+        except ValueError as exc:  # a policy's action strict JSON cannot carry (NaN, say)
+            raise BadGatewayError(
+                f"env server {self.url} failed on {recovery.step.path}: {exc}"
+            ) from exc
+        self.episode_length += 1
+        return reply.json()
 
     async def verify(self, *, close_follows: bool = True) -> dict[str, Any]:
         """``/verify``; by default the session stays open for the close that follows."""
-        headers = {"x-gym-close-follows": "1"} if close_follows else {}
-        return await self.request("POST", "/verify", {}, headers)
+        return await self._send(verify_request(close_follows, {}))
 
     async def close(self) -> dict[str, Any]:
         """``/close_session`` by body id and key: reaches the session even without a cookie."""
-        return await self.request("POST", "/close_session", self._names())
+        return await self._send(close_request(session_names(self.session_id, self.session_key)))
 
-    def _names(self) -> dict[str, str]:
-        return {"resources_session_id": self.session_id, "session_key": self.session_key}
+    async def _send(self, request: Request) -> Any:
+        try:
+            reply = await self._http.send(request)
+        except GymSessionsError as error:
+            raise bad_gateway(self.url, request.path, error) from error
+        return reply.json()

@@ -1,0 +1,96 @@
+"""A step whose reply was lost: ask ``/observe`` whether it ran, then resend it or say so. No I/O.
+
+``/step`` is not idempotent, so its reply lost to a broken connection is never
+resent blindly (`Request.resendable` is false for it). `StepRecovery` decides
+instead, from the episode length the client counted before the step::
+
+    POST /step ── reply ─────────────────────────────────────────────▶ the reply
+      │ ConnectionLostError
+      ▼
+    POST /observe ── episode_length unchanged: the step did not run ──▶ POST /step again
+      │ episode_length moved on, or 404 no_open_episode:                 (its reply, or
+      ▼ the step ran (and may have ended the episode)                     its error as is)
+    ConnectionLostError "the step ran on the server but its reply was lost"
+
+Any other error is raised as it comes: an error reply, a timeout (the step may
+still be running, so asking now would not tell) and a failed ``/observe``.
+
+The shells drive it (`HTTPClient.send_step`, `AsyncHTTPClient.send_step`): send
+`StepRecovery.request` and report the reply or error until it is ``None``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from gym_sessions.client.exchange import Reply, Request
+from gym_sessions.errors import ConnectionLostError, GymSessionsError, NoOpenEpisodeError
+
+__all__ = ["OBSERVE_REQUEST", "StepRecovery", "step_ran"]
+
+#: The episode's latest observation and length; changes nothing, so resendable.
+OBSERVE_REQUEST = Request("POST", "/observe", {}, resendable=True)
+
+
+class _Stage(enum.Enum):
+    STEP = "step"  # the step is out
+    OBSERVE = "observe"  # its reply was lost: is the episode where it was?
+    RESEND = "resend"  # it did not run: sent once more
+    DONE = "done"
+
+
+def step_ran(lost: ConnectionLostError) -> ConnectionLostError:
+    """The error for a step that ran on the server but whose reply (``lost``) was lost."""
+    error = ConnectionLostError(
+        lost.url,
+        "POST /step",
+        f"the step ran on the server but its reply was lost ({lost}); call reset()",
+    )
+    error.__cause__ = lost
+    return error
+
+
+class StepRecovery:
+    """The requests of one step, its lost reply included (see the module).
+
+    Args:
+        step: The ``/step`` request.
+        episode_length: Steps the episode has taken before this one, as the
+            server counts them.
+    """
+
+    def __init__(self, step: Request, episode_length: int) -> None:
+        self.step = step
+        self.episode_length = episode_length
+        #: What to send next; ``None`` once the step's reply is in.
+        self.request: Request | None = step
+        self._stage = _Stage.STEP
+        self._lost: ConnectionLostError | None = None
+        self._reply: Reply | None = None
+
+    @property
+    def reply(self) -> Reply:
+        """The step's reply, once `request` is ``None``."""
+        assert self._reply is not None, "send StepRecovery.request until it is None"
+        return self._reply
+
+    def replied(self, reply: Reply) -> None:
+        """Take the reply to `request`; raises if it shows the lost step ran."""
+        if self._stage is _Stage.OBSERVE:
+            assert self._lost is not None  # only a lost step reply leads here
+            if reply.json()["episode_length"] != self.episode_length:
+                raise step_ran(self._lost)
+            self._stage, self.request = _Stage.RESEND, self.step
+            return
+        self._stage, self.request, self._reply = _Stage.DONE, None, reply
+
+    def failed(self, error: GymSessionsError) -> None:
+        """Take the error `request` got; returns if there is a request to send next, else raises."""
+        if self._stage is _Stage.STEP and isinstance(error, ConnectionLostError):
+            self._lost = error
+            self._stage, self.request = _Stage.OBSERVE, OBSERVE_REQUEST
+            return
+        if self._stage is _Stage.OBSERVE and isinstance(error, NoOpenEpisodeError):
+            assert self._lost is not None
+            raise step_ran(self._lost) from error  # the step ran and ended the episode
+        raise error

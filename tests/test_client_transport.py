@@ -1,0 +1,197 @@
+"""Both HTTP shells meet socket failures the same way, against a scripted in-process server.
+
+Each request the server reads gets the next scripted answer: a JSON reply, a
+closed connection (the reply is lost) or silence (no reply in time). The
+blocking `HTTPClient` and the aiohttp `AsyncHTTPClient` must raise the same
+errors and resend the same requests, since both leave the decision to
+`gym_sessions.client.exchange`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from gym_sessions.client.async_http import AsyncHTTPClient
+from gym_sessions.client.exchange import Reply, Request
+from gym_sessions.client.http import HTTPClient
+from gym_sessions.errors import ConnectionLostError, ReplyTimeoutError, ServerUnreachableError
+
+RESENDABLE = Request("POST", "/observe", {}, resendable=True)
+NOT_RESENDABLE = Request("POST", "/step", {"action": 1})
+BODY = b'{"ok": 1}'
+REPLY = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+    b"Set-Cookie: gym_session=abc; Path=/\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+)
+
+
+class ScriptedServer:
+    """Answers each request with the next of ``script``: ``reply``, ``close`` or ``hold``."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = list(script)
+        self.requests: list[bytes] = []
+        self.stopped = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(connection,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection:
+            buffered = b""
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    data = connection.recv(65536)
+                    if not data:
+                        return
+                    buffered += data
+                head, _, buffered = buffered.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(buffered) < length:
+                    buffered += connection.recv(65536)
+                buffered = buffered[length:]
+                self.requests.append(head.split(b"\r\n", 1)[0])
+                answer = self.script.pop(0) if self.script else "reply"
+                if answer == "close":
+                    return
+                if answer == "hold":
+                    self.stopped.wait()
+                    return
+                connection.sendall(REPLY)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        self.listener.close()
+        for thread in self.threads:
+            thread.join(5)
+
+
+@pytest.fixture
+def scripted() -> Iterator:
+    made: list[ScriptedServer] = []
+
+    def make(*script: str) -> ScriptedServer:
+        made.append(ScriptedServer(list(script)))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+def free_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def send_sync(url: str, request: Request, **options) -> Reply:
+    client = HTTPClient(url, **options)
+    try:
+        return client.send(request)
+    finally:
+        client.close()
+
+
+def send_async(url: str, request: Request, **options) -> Reply:
+    async def main() -> Reply:
+        client = AsyncHTTPClient(url, **options)
+        try:
+            return await client.send(request)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+SHELLS = pytest.mark.parametrize("send", [send_sync, send_async], ids=["sync", "async"])
+
+
+@SHELLS
+def test_a_reply_comes_back_with_its_cookie(scripted, send):
+    server = scripted("reply")
+    reply = send(server.url, RESENDABLE)
+    assert reply.json() == {"ok": 1}
+    assert reply.headers["set-cookie"].startswith("gym_session=abc")
+
+
+@SHELLS
+def test_a_closed_port_is_unreachable_and_not_retried(send):
+    url = free_url()
+    with pytest.raises(ServerUnreachableError, match=url):
+        send(url, RESENDABLE, retries=3)
+
+
+@SHELLS
+def test_a_lost_reply_of_a_resendable_request_is_sent_again(scripted, send):
+    server = scripted("close", "reply")
+    assert send(server.url, RESENDABLE).json() == {"ok": 1}
+    assert server.requests == [b"POST /observe HTTP/1.1"] * 2
+
+
+@SHELLS
+def test_a_lost_reply_of_any_other_request_raises_connection_lost(scripted, send):
+    server = scripted("close", "reply")
+    with pytest.raises(ConnectionLostError, match="POST /step"):
+        send(server.url, NOT_RESENDABLE)
+    assert len(server.requests) == 1
+
+
+@SHELLS
+def test_retries_run_out(scripted, send):
+    server = scripted("close", "close", "close")
+    with pytest.raises(ConnectionLostError, match="POST /observe"):
+        send(server.url, RESENDABLE, retries=2)
+    assert len(server.requests) == 3
+
+
+@SHELLS
+def test_no_reply_in_time_raises_reply_timeout(scripted, send):
+    server = scripted("hold")
+    with pytest.raises(ReplyTimeoutError, match=r"POST /step .* within 0\.3 s"):
+        send(server.url, NOT_RESENDABLE, timeout=0.3)
+    assert len(server.requests) == 1
+
+
+def test_an_async_client_on_a_shared_pool_leaves_the_pool_open_and_names_its_timeout(scripted):
+    server = scripted("reply", "hold")
+
+    async def main() -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=0.3)
+        async with aiohttp.ClientSession(timeout=timeout) as pool:
+            client = AsyncHTTPClient(server.url, pool=pool)
+            assert (await client.send(RESENDABLE)).json() == {"ok": 1}
+            assert client.cookie == "abc"
+            with pytest.raises(ReplyTimeoutError, match=r"within 0\.3 s"):
+                await client.send(NOT_RESENDABLE)
+            await client.close()
+            assert not pool.closed
+            # The pool's owner picks the transport, TLS included.
+            assert AsyncHTTPClient("https://example.org", pool=pool).url == "https://example.org"
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="http://host:port"):
+        AsyncHTTPClient("https://example.org")
