@@ -44,6 +44,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The scripts start redis-server and nginx with the test suite's runners
+# (tests/services.py), so the repository root must be importable from here.
+if REPO not in sys.path:
+    sys.path.insert(1, REPO)
 PUBLISHED_RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")  # tracked: quoted in READMEs
 LOCAL_RESULTS_DIR = os.path.join(PUBLISHED_RESULTS_DIR, "local")  # in .gitignore
 results_dir = LOCAL_RESULTS_DIR  # where this run writes; `parse_args` sets it from --out
@@ -192,7 +196,7 @@ def latency_cdf(
 
 def needs(program: str, package: str, script: str) -> str:
     """The path of ``program``; exits 2 with one line naming the Debian package if missing."""
-    from gym_sessions.local_services import require
+    from tests.services import require
 
     try:
         return require(program, package)
@@ -386,7 +390,7 @@ def start_revision_server(
     ``gym_sessions.__file__`` of the supervisor and of every worker; any of
     them outside the worktree raises. The evidence is kept in ``.imported``.
     """
-    from gym_sessions.server_process import start_server
+    from gym_sessions.server.process import start_server
 
     probe_dir = tempfile.mkdtemp(prefix="gs-probe-", dir="/tmp")
     env = {"PYTHONPATH": f"{revision.path}:{_PROBE_PATH}", PROBE_DIR_ENV: probe_dir}

@@ -4,7 +4,7 @@ In-process, no server. Two workers, "w1" and "w2", share
 
 - a `FileClaimStore` directory in a temporary directory under /tmp (the
   filesystem of a real server's runtime directory), and
-- a real ``redis-server`` on loopback (``gym_sessions.local_services.run_redis``)
+- a real ``redis-server`` on loopback (``tests.services.run_redis``)
   through `RedisClaimStore`, each worker with its own client from
   `connect_redis` (the product's pool, timeouts and retry), both workers
   registered in Redis as a live server's workers are;
@@ -53,7 +53,6 @@ from typing import Any
 import _common
 from _common import markdown_table
 
-from gym_sessions.local_services import RedisProcess, run_redis
 from gym_sessions.routing.claim_store import FileClaimStore, claim_name
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.redis_claims import (
@@ -62,6 +61,7 @@ from gym_sessions.routing.redis_claims import (
     WorkerRegistry,
     connect_redis,
 )
+from tests.services import RedisProcess, run_redis
 
 BATCH = 100
 WINDOW = 300.0

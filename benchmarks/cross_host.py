@@ -5,7 +5,7 @@ TCP_NODELAY; `_common.RawConnection`), against servers running side by side on
 loopback:
 
 - a plain 2-worker server (file claims, private Unix sockets);
-- two "hosts" sharing one ``redis-server`` (``local_services.run_redis``):
+- two "hosts" sharing one ``redis-server`` (``tests.services.run_redis``):
   each ``gym-sessions serve envs.counter:CounterEnv --workers 2 --claims
   redis://...`` with the same ``GYM_SESSIONS_SECRET``, so their 4 workers
   find each other's claims and private TCP listeners in Redis and sign what
@@ -61,14 +61,14 @@ import redis
 from _common import RawConnection, connections_by_worker, markdown_table
 from routing_cost import SteppedSession, round_order
 
-from gym_sessions.local_services import run_redis
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.server_process import (
+from gym_sessions.server.process import (
     ServerProcess,
     registered_workers,
     start_server,
     wait_for_registrations,
 )
+from tests.services import run_redis
 
 TARGET = "envs.counter:CounterEnv"
 WORKERS_PER_SERVER = 2

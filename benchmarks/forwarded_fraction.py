@@ -48,7 +48,7 @@ from _common import markdown_table
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from envs.counter_load import Episode, claim_owner, make_episodes, play
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
 
 TARGET = "envs.counter:CounterEnv"
 WORKERS = 4

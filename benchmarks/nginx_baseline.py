@@ -3,7 +3,7 @@
 Configurations, all serving ``envs.counter:CounterEnv`` on loopback, side by side:
 
 - nginx (Debian's, a child process with its own temporary config, started by
-  ``gym_sessions.local_services.run_nginx(..., balance="sticky_header")``) in
+  ``tests.services.run_nginx(..., balance="sticky_header")``) in
   front of 4 single-worker ``gym-sessions serve`` servers, ``hash
   $http_x_session_id consistent;`` with kept-alive upstream connections;
 - our server with 4 routed workers;
@@ -34,8 +34,8 @@ import subprocess
 import _common
 from _common import markdown_table, run_load
 
-from gym_sessions.local_services import run_nginx
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
+from tests.services import run_nginx
 
 TARGET = "envs.counter:CounterEnv"
 BACKENDS = 4

@@ -37,7 +37,7 @@ from _common import RawConnection, markdown_table, session_cookie, summary
 
 from envs.python_repl import PythonReplServer
 from envs.repl_sandbox import PROBE_UID, SANDBOX_PATH
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
 
 TARGET = "envs.python_repl:PythonReplServer"
 SETTLE_SECONDS = 0.1

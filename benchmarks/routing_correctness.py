@@ -20,7 +20,7 @@ import time
 import _common
 
 from envs.counter_load import make_episodes, play_all
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
 
 CONFIGS = [
     ("1 worker", 1, ()),

@@ -42,7 +42,7 @@ import _common
 from _common import RawConnection, connections_by_worker, markdown_table, session_cookie
 
 from envs.counter_load import claim_owner
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
 
 TARGET = "envs.counter:CounterEnv"
 WORKERS = 4

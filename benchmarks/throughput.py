@@ -33,7 +33,7 @@ import statistics
 import _common
 from _common import markdown_table, run_load
 
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
 
 WORKERS = (1, 2, 4)
 PHASES = (

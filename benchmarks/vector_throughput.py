@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
 
 WORKERS = 4
 # Vector steps per measurement: about a second or two each on 2 cores.

@@ -20,14 +20,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from gym_sessions.errors import InvalidRequestError, NotFoundError
-from gym_sessions.server.agent import AgentServer
-from gym_sessions.server.bodies import BodySchema, Field, integer_list, read_json
-from gym_sessions.server.policies import (
+from gym_sessions import InvalidRequestError, NotFoundError
+from gym_sessions.server import (
+    AgentServer,
+    BodySchema,
     ChatCompletionsPolicy,
+    Field,
     Policy,
     ScriptedPolicy,
     StopEpisode,
+    integer_list,
+    read_json,
 )
 from gym_sessions.spaces import space_from_json, space_json_schema
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.counter import CounterEnv
+from .counter import CounterEnv
 
 __all__ = ["STEP_CPU_SECONDS", "CpuCounterEnv"]
 

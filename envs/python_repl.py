@@ -107,15 +107,6 @@ from typing import Any
 
 from starlette.requests import Request
 
-from envs.repl_sandbox import (
-    DEFAULT_STATE_DIR,
-    DEFAULT_UIDS,
-    GIB,
-    MIB,
-    ReplSandbox,
-    ResourceLimits,
-    SessionBox,
-)
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     CapacityReachedError,
@@ -125,10 +116,18 @@ from gym_sessions.errors import (
     StartupError,
 )
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.server.bodies import BodySchema, Field
-from gym_sessions.server.resources import ResourcesServer, session_id
-from gym_sessions.server.tools import Tool
+from gym_sessions.server import BodySchema, Field, ResourcesServer, Tool, session_id
 from gym_sessions.settings import Settings
+
+from .repl_sandbox import (
+    DEFAULT_STATE_DIR,
+    DEFAULT_UIDS,
+    GIB,
+    MIB,
+    ReplSandbox,
+    ResourceLimits,
+    SessionBox,
+)
 
 __all__ = ["CHILD_MARKER", "Interpreter", "PythonReplServer"]
 

@@ -1,36 +1,103 @@
 """gym-sessions: serve stateful Gymnasium environments from several uvicorn workers.
 
-Importing the package registers ``gym_sessions/Remote-v0``::
+The client API lives here: the Gymnasium API on a remote environment, blocking
+(`RemoteEnv`), asyncio (`AsyncRemoteEnv`) and vectorised (`RemoteVectorEnv`),
+`run_episodes` for batches of rollouts, and the one exception hierarchy that
+server and client share (`GymSessionsError` and its subclasses). What a server
+author needs is in `gym_sessions.server`; the JSON codec of spaces in
+`gym_sessions.spaces`. Other modules are internal.
+
+Importing the package registers ``gym_sessions/Remote-v0`` and the example envs
+(``gym_sessions/Counter-v0``)::
 
     import gymnasium
     import gym_sessions  # noqa: F401  (registers the remote env)
 
     env = gymnasium.make("gym_sessions/Remote-v0", url="http://127.0.0.1:8000")
+
+Importing it loads neither Starlette nor the server.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from gym_sessions._registration import register_envs
+from gym_sessions.client import (
+    AsyncRemoteEnv,
+    EnvDescription,
+    RemoteEnv,
+    RemoteVectorEnv,
+    run_episodes,
+)
 from gym_sessions.errors import (
+    BadGatewayError,
+    BodyTooLargeError,
+    CapacityReachedError,
+    ClaimsUnavailableError,
+    ConnectionLostError,
+    EnvError,
+    ForbiddenError,
     GymSessionsError,
+    HeadersTooLargeError,
     HTTPError,
+    InternalServerError,
+    InvalidJSONError,
+    InvalidRequestError,
+    InvalidSessionIdError,
+    InvalidTokenError,
+    MethodNotAllowedError,
+    NoOpenEpisodeError,
+    NotFoundError,
+    OverloadedError,
+    ReplyTimeoutError,
+    RequestTimeoutError,
     ServerUnreachableError,
     SessionClosedError,
     SessionConflictError,
+    SessionExpiredError,
     SessionGoneError,
+    StartupError,
 )
-from gym_sessions.settings import Settings
+
+try:
+    __version__ = version("gym-sessions")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
+    "AsyncRemoteEnv",
+    "BadGatewayError",
+    "BodyTooLargeError",
+    "CapacityReachedError",
+    "ClaimsUnavailableError",
+    "ConnectionLostError",
+    "EnvDescription",
+    "EnvError",
+    "ForbiddenError",
     "GymSessionsError",
     "HTTPError",
+    "HeadersTooLargeError",
+    "InternalServerError",
+    "InvalidJSONError",
+    "InvalidRequestError",
+    "InvalidSessionIdError",
+    "InvalidTokenError",
+    "MethodNotAllowedError",
+    "NoOpenEpisodeError",
+    "NotFoundError",
+    "OverloadedError",
+    "RemoteEnv",
+    "RemoteVectorEnv",
+    "ReplyTimeoutError",
+    "RequestTimeoutError",
     "ServerUnreachableError",
     "SessionClosedError",
     "SessionConflictError",
+    "SessionExpiredError",
     "SessionGoneError",
-    "Settings",
+    "StartupError",
     "__version__",
     "register_envs",
+    "run_episodes",
 ]
-
-__version__ = "0.1.0"
 
 register_envs()

@@ -21,7 +21,6 @@ from typing import Any
 
 from gym_sessions.errors import StartupError
 from gym_sessions.non_dumpable import make_process_non_dumpable
-from gym_sessions.routing.forwarder import FORWARD_TRANSPORTS
 from gym_sessions.secret_source import COMMAND_LINE_SECRET_REFUSAL, server_secret
 from gym_sessions.settings import SECRET_ENV, Settings
 
@@ -286,12 +285,6 @@ def _parser() -> argparse.ArgumentParser:
         help="do not route sessions to their worker (stateless servers only)",
     )
     serve_cmd.add_argument(
-        "--forward-transport",
-        choices=FORWARD_TRANSPORTS,
-        default="http",
-        help="how a worker forwards a request to the session's worker (default http)",
-    )
-    serve_cmd.add_argument(
         "--claims",
         default="file",
         metavar="STORE",
@@ -459,7 +452,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 session_close_retry_window_seconds=args.window,
                 routes_sessions_to_owner=not args.no_routing,
                 debug_worker_header=args.debug_worker_header,
-                forward_transport=args.forward_transport,
                 claims=args.claims,
                 private_host=args.private_host,
                 peer_networks=tuple(args.peer_network),

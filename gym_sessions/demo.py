@@ -1,6 +1,6 @@
 """``gym-sessions demo``: serve the counter env on several workers and score episodes on it.
 
-The demo starts a real ``gym-sessions serve envs.counter:CounterEnv`` process,
+The demo starts a real ``gym-sessions serve gym_sessions.examples.counter:CounterEnv`` process,
 runs a batch of counter episodes through ``gym_sessions/Remote-v0`` clients, and
 scores each one. The counter keeps its count in the worker that started the
 session, so an episode scores 1.0 only if every one of its requests reached that
@@ -29,12 +29,12 @@ import gymnasium as gym
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.errors import StartupError
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
 
 __all__ = ["run_demo"]
 
-TARGET = "envs.counter:CounterEnv"
-AGENT_TARGET = "envs.counter:CounterAgent"
+TARGET = "gym_sessions.examples.counter:CounterEnv"
+AGENT_TARGET = "gym_sessions.examples.counter:CounterAgent"
 REQUEST_TIMEOUT_SECONDS = 60.0
 HEALTH_PROBES = 50
 

@@ -10,8 +10,6 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_sessions.routing.forwarder import FORWARD_TRANSPORTS
-
 __all__ = ["SECRET_ENV", "Settings"]
 
 SECRET_ENV = "GYM_SESSIONS_SECRET"
@@ -95,9 +93,6 @@ class Settings:
             required otherwise.
         timeout_keep_alive: Seconds an idle client connection stays open. RL
             clients think between steps, so this is longer than uvicorn's 5 s.
-        forward_transport: How requests reach another worker: ``http`` (HTTP/1.1
-            on pooled persistent connections, the default) or ``aiohttp`` (the
-            reference hop over Unix sockets, kept for comparison; file claims only).
         debug_worker_header: Add ``x-gym-worker: <id>`` to replies, naming the
             worker that ran the handler (off by default; for benchmarks and debugging).
         max_sessions: Live sessions each worker may hold (0: no limit). A start
@@ -136,7 +131,6 @@ class Settings:
     private_max_connections: int = 256
     private_idle_timeout: float = 60.0
     timeout_keep_alive: float = 120.0
-    forward_transport: str = "http"
     debug_worker_header: bool = False
     max_sessions: int = 0
     session_idle_timeout: float = 3600.0
@@ -169,15 +163,11 @@ class Settings:
             raise ValueError(
                 "max_inflight_body_bytes must be at least max_body_bytes (one body must fit)"
             )
-        if self.forward_transport not in FORWARD_TRANSPORTS:
-            raise ValueError(f"forward_transport must be one of {FORWARD_TRANSPORTS}")
         if not self.claims.startswith(_CLAIM_STORES):
             raise ValueError(
                 f"unknown claim store {self.claims!r}: use 'file' or a redis://host:port/db URL"
             )
         if self.redis_claims:
-            if self.forward_transport != "http":
-                raise ValueError("with Redis claims requests are forwarded over the 'http' hop")
             if self.private_host in ("0.0.0.0", "::", ""):
                 raise ValueError(
                     "private_host must be an address other hosts can reach, not a wildcard"

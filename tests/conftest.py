@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gym_sessions.local_services import RedisProcess, require
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
+from tests.services import RedisProcess, require
 
 
 def require_or_skip(program: str, package: str) -> None:

@@ -1,6 +1,8 @@
-"""Every public module's ``__all__`` names things that exist, and the package registers its env."""
+"""The public API: what `gym_sessions` and `gym_sessions.server` export, and import costs."""
 
 import importlib
+import subprocess
+import sys
 
 import gymnasium as gym
 import pytest
@@ -21,7 +23,7 @@ MODULES = [
     "gym_sessions.routing.claim_store",
     "gym_sessions.routing.owned_claims",
     "gym_sessions.routing.forwarder",
-    "gym_sessions.server_process",
+    "gym_sessions.server.process",
 ]
 
 
@@ -48,3 +50,45 @@ def test_every_http_error_has_a_distinct_code():
     http = [c for c in classes if isinstance(c, type) and issubclass(c, errors.HTTPError)]
     codes = [c.code for c in http if c is not errors.HTTPError]
     assert len(codes) == len(set(codes))
+
+
+def test_the_client_api_and_every_error_import_from_the_package():
+    import gym_sessions
+    from gym_sessions import (  # noqa: F401
+        AsyncRemoteEnv,
+        GymSessionsError,
+        RemoteEnv,
+        RemoteVectorEnv,
+        SessionGoneError,
+        errors,
+        run_episodes,
+    )
+
+    error_classes = [n for n in errors.__all__ if n.endswith("Error")]
+    assert set(error_classes) <= set(gym_sessions.__all__)
+
+
+def test_a_server_author_imports_from_one_module():
+    from gym_sessions.server import (  # noqa: F401
+        AgentServer,
+        BodySchema,
+        Field,
+        GymEnvServer,
+        Policy,
+        ResourcesServer,
+        ScriptedPolicy,
+        Tool,
+        start_server,
+    )
+
+
+def test_importing_the_package_loads_neither_starlette_nor_the_server():
+    code = (
+        "import sys, gym_sessions; "
+        "print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('starlette', 'uvicorn') or m.startswith('gym_sessions.server')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"

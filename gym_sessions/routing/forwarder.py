@@ -2,19 +2,17 @@
 
 The request goes to the claimant unchanged (method, raw path, query, headers
 less hop-by-hop ones, ``content-length`` set anew, the body already read) and
-the reply streams back unchanged. Two transports implement `Forwarder`:
+the reply streams back unchanged. `StreamForwarder` implements `Forwarder`:
+plain HTTP/1.1 written and parsed by hand on a pool of persistent connections
+per claimant to its private uvicorn listener (``<runtime dir>/workers/<id>.sock``
+with file claims, a TCP port with Redis claims).
 
-- ``http`` (`StreamForwarder`, the default): plain HTTP/1.1 written and parsed
-  by hand on a pool of persistent connections per claimant to its private
-  uvicorn socket, ``<runtime dir>/workers/<id>.sock``;
-- ``aiohttp`` (`AiohttpForwarder`): the reference design, one aiohttp client
-  per claimant on the same socket, kept for comparison.
-
-A third, handing the ASGI scope and body over as frames without HTTP on either
-side, measured 0.97-1.02x the ``http`` hop's latency (commit "Experiment: a
-framed ASGI hop"; ``benchmarks/results/routing_cost.json``): the HTTP parsing
-it skips is already C (httptools), so it was removed rather than kept as a
-second shipped hop.
+An aiohttp client per claimant measured slower and was removed (see
+``benchmarks/README.md``). Another design, handing the ASGI scope and body
+over as frames without HTTP on either side, measured 0.97-1.02x this hop's
+latency (commit "Experiment: a framed ASGI hop";
+``benchmarks/results/routing_cost.json``): the HTTP parsing it skips is
+already C (httptools), so it was removed too.
 
 Every routed worker listens on its HTTP private socket, which stays usable for
 debugging:
@@ -36,7 +34,6 @@ if TYPE_CHECKING:
     from gym_sessions.routing.worker_endpoints import WorkerEndpoints
 
 __all__ = [
-    "FORWARD_TRANSPORTS",
     "HOP_BY_HOP_HEADERS",
     "SIGNATURE_HEADER",
     "Forwarder",
@@ -46,8 +43,6 @@ __all__ = [
     "reply_headers",
     "request_target",
 ]
-
-FORWARD_TRANSPORTS = ("http", "aiohttp")
 
 HOP_BY_HOP_HEADERS = frozenset(
     {
@@ -102,22 +97,9 @@ def claimant_gone(worker_id: str) -> SessionGoneError:
     return SessionGoneError(f"the worker that holds this session ({worker_id}) is gone")
 
 
-def make_forwarder(
-    transport: str, endpoints: WorkerEndpoints, signer: ForwardSigner | None = None
-) -> Forwarder:
-    """The forwarder for ``transport`` (one of `FORWARD_TRANSPORTS`).
+def make_forwarder(endpoints: WorkerEndpoints, signer: ForwardSigner | None = None) -> Forwarder:
+    """The hop to the workers ``endpoints`` name; ``signer`` signs every forwarded
+    request (private listeners on TCP)."""
+    from gym_sessions.routing.stream_forwarder import StreamForwarder
 
-    ``signer`` signs every forwarded request (private listeners on TCP).
-    """
-    if transport == "http":
-        from gym_sessions.routing.stream_forwarder import StreamForwarder
-
-        return StreamForwarder(endpoints, signer)
-    if transport == "aiohttp":
-        from gym_sessions.routing.aiohttp_forwarder import AiohttpForwarder
-        from gym_sessions.routing.worker_endpoints import UnixEndpoints
-
-        if not isinstance(endpoints, UnixEndpoints) or signer is not None:
-            raise ValueError("the aiohttp hop forwards over Unix sockets only (file claims)")
-        return AiohttpForwarder(endpoints)
-    raise ValueError(f"unknown forward transport {transport!r}; use one of {FORWARD_TRANSPORTS}")
+    return StreamForwarder(endpoints, signer)

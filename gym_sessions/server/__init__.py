@@ -1,7 +1,42 @@
-"""Servers: the app factory, the resources-server base and the Gymnasium adapter."""
+"""What a server author needs: the resources-server base, the Gymnasium adapter,
+agent servers, tools, body schemas, policies, and a way to start a server from Python.
 
+Everything a server is built from is importable from here::
+
+    from gym_sessions.server import ResourcesServer, tool, start_server
+
+Modules below this package are internal: their names may change between
+releases (``docs/design.md`` describes how they fit together).
+"""
+
+from gym_sessions.server.agent import AgentServer
 from gym_sessions.server.app import WorkerApp, create_app
+from gym_sessions.server.base import SessionServer
+from gym_sessions.server.bodies import BodySchema, Field, integer_list, read_json
 from gym_sessions.server.env_server import GymEnvServer
+from gym_sessions.server.policies import ChatCompletionsPolicy, Policy, ScriptedPolicy, StopEpisode
+from gym_sessions.server.process import ServerProcess, start_server
 from gym_sessions.server.resources import ResourcesServer, session_id
+from gym_sessions.server.tools import Tool, ToolHandler
 
-__all__ = ["GymEnvServer", "ResourcesServer", "WorkerApp", "create_app", "session_id"]
+__all__ = [
+    "AgentServer",
+    "BodySchema",
+    "ChatCompletionsPolicy",
+    "Field",
+    "GymEnvServer",
+    "Policy",
+    "ResourcesServer",
+    "ScriptedPolicy",
+    "ServerProcess",
+    "SessionServer",
+    "StopEpisode",
+    "Tool",
+    "ToolHandler",
+    "WorkerApp",
+    "create_app",
+    "integer_list",
+    "read_json",
+    "session_id",
+    "start_server",
+]

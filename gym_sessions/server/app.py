@@ -146,16 +146,14 @@ class WorkerApp:
             )
             self.forward_signer = ForwardSigner(settings.secret)
             endpoints = TcpEndpoints(self.registry, settings.allowed_peer_networks())
-            self.forwarder = make_forwarder(
-                settings.forward_transport, endpoints, self.forward_signer
-            )
+            self.forwarder = make_forwarder(endpoints, self.forward_signer)
         elif settings.routed:
             if settings.runtime_dir is None:
                 raise ValueError("a routed worker needs the runtime directory of its server")
             self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
             store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
             endpoints = UnixEndpoints(self.runtime_dir)
-            self.forwarder = make_forwarder(settings.forward_transport, endpoints)
+            self.forwarder = make_forwarder(endpoints)
         # Others may take this worker's claims over once its registration has
         # expired and a reader or the reaper gave them an orphan's expiry: serve
         # them from memory only while that cannot have happened yet.

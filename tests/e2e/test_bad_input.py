@@ -33,7 +33,7 @@ from yarl import URL
 
 from envs.counter_load import Episode, play
 from gym_sessions.credentials import SessionCredentials
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
 

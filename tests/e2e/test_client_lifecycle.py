@@ -35,7 +35,7 @@ from gymnasium.utils.env_checker import check_env
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.client import AsyncRemoteEnv, RemoteEnv, RemoteVectorEnv, run_episodes
 from gym_sessions.errors import HTTPError
-from gym_sessions.server_process import ServerProcess
+from gym_sessions.server.process import ServerProcess
 
 pytestmark = pytest.mark.e2e
 

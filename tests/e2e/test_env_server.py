@@ -24,7 +24,7 @@ from gym_sessions.errors import (
     SessionClosedError,
     SessionConflictError,
 )
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
 
 pytestmark = pytest.mark.e2e
 

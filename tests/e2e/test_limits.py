@@ -89,7 +89,7 @@ class _Honest:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from gym_sessions.server_process import start_server
+    from gym_sessions.server.process import start_server
 
     started = start_server(
         COUNTER,

@@ -22,10 +22,16 @@ import pytest
 import redis
 
 from envs.counter_load import Episode, client_session, make_episodes, play, play_all
-from gym_sessions.local_services import NginxProcess, RedisProcess, free_port
 from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.secret_source import write_secret_file
-from gym_sessions.server_process import ServerProcess, registered_workers, wait_for_registrations
+from gym_sessions.server.process import ServerProcess
+from tests.services import (
+    NginxProcess,
+    RedisProcess,
+    free_port,
+    registered_workers,
+    wait_for_registrations,
+)
 
 from ..conftest import require_or_skip
 from .subprocesses import run_module

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from envs.counter_load import Episode, _post, client_session, make_episodes
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
 
 pytestmark = pytest.mark.e2e
 

@@ -51,7 +51,7 @@ import pytest
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.client import AsyncRemoteEnv
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
 

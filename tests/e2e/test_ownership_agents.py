@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
 

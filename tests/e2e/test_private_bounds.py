@@ -27,7 +27,8 @@ import redis
 
 from envs.counter_load import make_episodes, play
 from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX
-from gym_sessions.server_process import start_server, wait_for_registrations
+from gym_sessions.server.process import start_server
+from tests.services import wait_for_registrations
 
 from ..conftest import require_or_skip
 

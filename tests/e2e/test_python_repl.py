@@ -23,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from envs.counter_load import client_session
 from envs.python_repl import CHILD_MARKER  # a module that cannot import fails this file loudly
-from gym_sessions.server_process import ServerProcess
+from gym_sessions.server.process import ServerProcess
 
 from ..conftest import require_or_skip
 

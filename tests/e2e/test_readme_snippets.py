@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_sessions.server_process import ServerProcess, start_server
+from gym_sessions.server.process import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.client import AsyncRemoteEnv, RemoteEnv
 from gym_sessions.client.http import HTTPClient
 from gym_sessions.errors import InvalidRequestError, NoOpenEpisodeError, SessionClosedError
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
 
 pytestmark = pytest.mark.e2e
 

@@ -38,7 +38,7 @@ import pytest
 from envs.python_repl import CHILD_MARKER, PythonReplServer
 from envs.repl_sandbox import DEFAULT_UIDS, processes_of_uid
 from gym_sessions.errors import StartupError
-from gym_sessions.server_process import ServerProcess
+from gym_sessions.server.process import ServerProcess
 from gym_sessions.settings import Settings
 
 from ..conftest import require_or_skip

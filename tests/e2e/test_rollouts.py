@@ -23,7 +23,7 @@ from gym_sessions.client import (
     run_episodes,
 )
 from gym_sessions.errors import ServerUnreachableError
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
 
 pytestmark = pytest.mark.e2e
 

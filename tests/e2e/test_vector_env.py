@@ -21,7 +21,7 @@ import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from envs.counter_load import claim_owner
 from gym_sessions.client import AsyncRemoteEnv, RemoteVectorEnv
 from gym_sessions.errors import SessionGoneError
-from gym_sessions.server_process import start_server
+from gym_sessions.server.process import start_server
 
 pytestmark = pytest.mark.e2e
 

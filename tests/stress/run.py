@@ -34,8 +34,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gym_sessions.local_services import run_nginx, run_redis
-from gym_sessions.server_process import start_server, wait_for_registrations
+from gym_sessions.server.process import start_server
+from tests.services import run_nginx, run_redis, wait_for_registrations
 from tests.stress import scenarios
 from tests.stress.hog import cpu_hog
 from tests.stress.scenarios import Row

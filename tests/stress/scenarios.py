@@ -34,7 +34,7 @@ from envs.counter_load import (
     play_over_mcp,
 )
 from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX, RedisClaimStore
-from gym_sessions.server_process import ServerProcess
+from gym_sessions.server.process import ServerProcess
 from tests.stress.targets import FAULT_HEADER, MARK_HEADER, SLOW_STEP_SECONDS, mark_path
 
 COOKIE = "gym_session"

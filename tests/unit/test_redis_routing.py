@@ -433,7 +433,7 @@ async def test_lost_redis_gives_503_except_for_own_sessions_and_service_resumes(
 
 
 async def test_a_worker_cannot_start_without_redis(short_tmp):
-    from gym_sessions.local_services import free_port
+    from tests.services import free_port
 
     settings = Settings(workers=2, secret=SECRET, claims=f"redis://127.0.0.1:{free_port()}/0")
     app = WorkerApp(ProbeServer(), settings)
@@ -455,7 +455,6 @@ def test_redis_claims_refuse_a_secret_per_host(monkeypatch):
     ("changes", "message"),
     [
         ({"claims": "memcached://x"}, "unknown claim store"),
-        ({"claims": "redis://127.0.0.1/0", "forward_transport": "aiohttp"}, "'http' hop"),
         ({"claims": "redis://127.0.0.1/0", "private_host": "0.0.0.0"}, "wildcard"),
         ({"claims": "redis://10.0.0.5:6379/0"}, "loopback but Redis is on another host"),
         ({"claims": "redis://redis.internal/0", "private_host": "::1"}, "loopback"),

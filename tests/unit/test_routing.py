@@ -15,7 +15,6 @@ from .fake_clock import FakeClock
 from .probe_server import ProbeServer
 
 WINDOW = 1.0
-TRANSPORTS = ["http", "aiohttp"]
 STARTS = ("/seed_session", "/reset", "/blind_start")
 
 
@@ -47,13 +46,12 @@ async def test_typed_start_is_claimed_by_the_worker_that_served_it(cluster, star
     assert c.credentials.decode_cookie(reply.cookie)["session_id"] == sid
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(
     "source",
     ["cookie", "mcp_token", "typed_seed", "typed_reset", "typed_close", "rollout_cookie"],
 )
-async def test_each_id_source_routes_to_the_claimant(cluster, source, transport):
-    c = await cluster(3, forward_transport=transport)
+async def test_each_id_source_routes_to_the_claimant(cluster, source):
+    c = await cluster(3)
     sid = new_id()
     start = await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     assert start.json["worker"] == c[0].id
@@ -84,9 +82,8 @@ async def test_each_id_source_routes_to_the_claimant(cluster, source, transport)
         assert c[0].server.released == [sid]
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_state_is_never_split_across_workers(cluster, transport):
-    c = await cluster(4, forward_transport=transport)
+async def test_state_is_never_split_across_workers(cluster):
+    c = await cluster(4)
     start = await c[0].request("POST", "/seed_session", {})
     cookie = start.cookie
     counts = []
@@ -285,9 +282,8 @@ async def test_malformed_typed_id_gets_400(cluster):
 # Forwarding -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_forwarded_request_keeps_method_path_query_headers_and_body(cluster, transport):
-    c = await cluster(2, forward_transport=transport)
+async def test_forwarded_request_keeps_method_path_query_headers_and_body(cluster):
+    c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
     payload = os.urandom(300_000)
     for method in ("POST", "PUT", "PATCH", "DELETE"):
@@ -332,9 +328,8 @@ async def test_request_over_a_private_socket_is_handled_where_it_arrives(cluster
     assert c[0].server.counts[start.json["resources_session_id"]] == 0
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_typed_seed_with_9_mib_of_task_data_reaches_its_claimant(cluster, transport):
-    c = await cluster(2, max_body_bytes=16 * 1024 * 1024, forward_transport=transport)
+async def test_typed_seed_with_9_mib_of_task_data_reaches_its_claimant(cluster):
+    c = await cluster(2, max_body_bytes=16 * 1024 * 1024)
     sid = new_id()
     await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     task = "x" * (9 * 1024 * 1024)
@@ -355,10 +350,9 @@ async def test_body_over_the_limit_gets_413(cluster):
 # Worker death -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("how", ["socket_removed", "socket_refuses"])
-async def test_session_of_an_exited_worker_gets_410(cluster, how, transport):
-    c = await cluster(3, forward_transport=transport)
+async def test_session_of_an_exited_worker_gets_410(cluster, how):
+    c = await cluster(3)
     sid = new_id()
     start = await c[1].request("POST", "/seed_session", {"resources_session_id": sid})
     other = await c[2].request("POST", "/seed_session", {})
@@ -616,9 +610,8 @@ async def test_debug_worker_header_names_the_worker_that_ran_the_handler(cluster
     assert "x-gym-worker" not in (await quiet[0].request("GET", "/nothing")).headers
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_streamed_reply_arrives_whole_through_the_hop(cluster, transport):
-    c = await cluster(2, forward_transport=transport)
+async def test_streamed_reply_arrives_whole_through_the_hop(cluster):
+    c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
     async with c.private_client(c[0]) as direct_client:
         direct = await send(direct_client, "GET", "/stream?n=40", cookie=start.cookie)
@@ -629,9 +622,8 @@ async def test_streamed_reply_arrives_whole_through_the_hop(cluster, transport):
     assert "chunked" in routed.headers.get("transfer-encoding", "")
 
 
-@pytest.mark.parametrize("transport", ["http"])
-async def test_pooled_transport_reuses_its_connections(cluster, transport):
-    c = await cluster(2, forward_transport=transport)
+async def test_pooled_transport_reuses_its_connections(cluster):
+    c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
     pool = c[1].app.forwarder._idle
     seen = set()
@@ -644,9 +636,8 @@ async def test_pooled_transport_reuses_its_connections(cluster, transport):
     assert len(seen) == 1
 
 
-@pytest.mark.parametrize("transport", ["http"])
-async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster, transport):
-    c = await cluster(2, forward_transport=transport)
+async def test_client_leaving_mid_reply_does_not_poison_the_pool(cluster):
+    c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
     headers = {"Cookie": f"gym_session={start.cookie}"}
     async with c[1].client.get("http://w/stream?n=200", headers=headers) as reply:
@@ -678,9 +669,8 @@ def http_scope(method: str, path: str, query: bytes = b"", cookie: str | None = 
     }
 
 
-@pytest.mark.parametrize("transport", ["http"])
-async def test_caller_leaving_mid_reply_closes_that_connection(cluster, transport):
-    c = await cluster(2, forward_transport=transport)
+async def test_caller_leaving_mid_reply_closes_that_connection(cluster):
+    c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
     forwarder = c[1].app.forwarder
 
@@ -722,11 +712,10 @@ async def test_oversized_headers_get_431(cluster):
     assert (await c[1].request("GET", "/health", headers={"X-Pad": "p" * 3000})).status == 200
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_expect_100_continue_is_answered_here_and_not_forwarded(cluster, transport):
+async def test_expect_100_continue_is_answered_here_and_not_forwarded(cluster):
     # Forwarded, it would make the claimant send an interim 100 that a hop could
     # take for the reply, leaving the real reply in a pooled connection.
-    c = await cluster(2, forward_transport=transport)
+    c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
     headers = {"Cookie": f"gym_session={start.cookie}"}
     async with c[1].client.post(
@@ -741,7 +730,7 @@ async def test_expect_100_continue_is_answered_here_and_not_forwarded(cluster, t
 async def test_forwarded_head_returns_its_connection_to_the_pool(cluster):
     # The reply to HEAD has a content-length and no body: a hop that waited for
     # the body would hold the connection (and the client's) for good.
-    c = await cluster(2, forward_transport="http")
+    c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
     headers = {"Cookie": f"gym_session={start.cookie}"}
     async with c[1].client.head("http://w/echo", headers=headers) as reply:

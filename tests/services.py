@@ -1,4 +1,4 @@
-"""Run ``redis-server`` and ``nginx`` as child processes on loopback.
+"""Run ``redis-server`` and ``nginx`` as child processes on loopback; see Redis registrations.
 
 For the tests, the benchmarks and trying several "hosts" on one machine: each
 gets a private temporary directory, a free loopback port and is stopped by its
@@ -18,7 +18,16 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 
-__all__ = ["NginxProcess", "RedisProcess", "free_port", "require", "run_nginx", "run_redis"]
+__all__ = [
+    "NginxProcess",
+    "RedisProcess",
+    "free_port",
+    "registered_workers",
+    "require",
+    "run_nginx",
+    "run_redis",
+    "wait_for_registrations",
+]
 
 
 def free_port() -> int:
@@ -245,3 +254,33 @@ def run_nginx(
         yield proxy.start()
     finally:
         proxy.close()
+
+
+def registered_workers(redis_url: str) -> set[str]:
+    """The ids of the workers registered in Redis (servers with Redis claims)."""
+    import redis
+
+    from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = client.scan_iter(match=REGISTRATION_PREFIX + "*", count=1000)
+        return {key.removeprefix(REGISTRATION_PREFIX) for key in keys}
+    finally:
+        client.close()
+
+
+def wait_for_registrations(redis_url: str, expected: int, timeout: float = 30.0) -> set[str]:
+    """Wait until at least ``expected`` workers registered in Redis; returns their ids.
+
+    Raises:
+        RuntimeError: fewer registered within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        workers = registered_workers(redis_url)
+        if len(workers) >= expected:
+            return workers
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(workers)} of {expected} workers registered in Redis")
+        time.sleep(0.05)

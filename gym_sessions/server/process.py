@@ -1,7 +1,13 @@
 """Run ``gym-sessions serve`` as a child process: start it, wait until ready, stop it by PID.
 
-The demo, the tests, the benchmarks and the notebooks all start real servers
-this way. Each server gets its own short temporary directory as ``TMPDIR``, so
+This is the public way to start a server from Python (a notebook, a training
+script); the demo, the tests and the benchmarks start theirs this way too::
+
+    from gym_sessions.server import start_server
+
+    with start_server("CartPole-v1", workers=4) as server:
+        ...  # gymnasium.make("gym_sessions/Remote-v0", url=server.url)
+ Each server gets its own short temporary directory as ``TMPDIR``, so
 its runtime directory (claims and private sockets) is easy to find and Unix
 socket paths stay under their length limit. A secret reaches the server in
 its environment (``GYM_SESSIONS_SECRET``), never on its command line.
@@ -27,7 +33,7 @@ from typing import Any
 
 from gym_sessions.settings import SECRET_ENV
 
-__all__ = ["ServerProcess", "registered_workers", "start_server", "wait_for_registrations"]
+__all__ = ["ServerProcess", "start_server"]
 
 _LISTENING = re.compile(r"on http://(\S+):(\d+) with")
 
@@ -175,36 +181,6 @@ def start_server(
         server.stop()  # also when the caller is interrupted while waiting
         raise
     return server
-
-
-def registered_workers(redis_url: str) -> set[str]:
-    """The ids of the workers registered in Redis (servers with Redis claims)."""
-    import redis
-
-    from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX
-
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        keys = client.scan_iter(match=REGISTRATION_PREFIX + "*", count=1000)
-        return {key.removeprefix(REGISTRATION_PREFIX) for key in keys}
-    finally:
-        client.close()
-
-
-def wait_for_registrations(redis_url: str, expected: int, timeout: float = 30.0) -> set[str]:
-    """Wait until at least ``expected`` workers registered in Redis; returns their ids.
-
-    Raises:
-        RuntimeError: fewer registered within ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        workers = registered_workers(redis_url)
-        if len(workers) >= expected:
-            return workers
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(workers)} of {expected} workers registered in Redis")
-        time.sleep(0.05)
 
 
 def _redis_claims(args: tuple[str, ...]) -> bool:
