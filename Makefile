@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test lint typecheck clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,9 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
 
 clean:
 	rm -rf "$(VENV)" build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -62,13 +62,8 @@ from _common import RawConnection, connections_by_worker, markdown_table
 from routing_cost import SteppedSession, round_order
 
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.server.process import (
-    ServerProcess,
-    registered_workers,
-    start_server,
-    wait_for_registrations,
-)
-from tests.services import run_redis
+from gym_sessions.server.process import ServerProcess, start_server
+from tests.services import registered_workers, run_redis, wait_for_registrations
 
 TARGET = "envs.counter:CounterEnv"
 WORKERS_PER_SERVER = 2

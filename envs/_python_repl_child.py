@@ -95,7 +95,11 @@ def _format_error(exc: BaseException) -> str:
 def _execute(code: str, namespace: dict[str, Any], filename: str) -> str | None:
     """Run ``code`` like a REPL cell: a trailing expression's value comes back as its repr."""
     tree = ast.parse(code, filename, "exec")
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, ast.Expr):
+        tree.body.pop()
+    else:
+        last = None
     exec(compile(tree, filename, "exec"), namespace)
     if last is None:
         return None

@@ -81,7 +81,7 @@ Settings are keyword arguments (serve a configured instance as
 ``module:attr``)::
 
     # myrepl.py
-    from envs.python_repl import PythonReplServer
+    from gym_sessions.examples.python_repl import PythonReplServer
     REPL = PythonReplServer(max_interpreters=16, address_space_bytes=2 * 1024**3)
     # gym-sessions serve myrepl:REPL --workers 4
 

@@ -430,6 +430,7 @@ class LeasedUidBox(SessionBox):
 
     def command(self, program: list[str]) -> list[str]:
         sandbox = self._sandbox
+        assert self.uid is not None  # a leased box always has its uid
         return [
             sandbox.prlimit,
             *sandbox.limits.prlimit_options(per_uid_processes=True),

@@ -122,7 +122,7 @@ class SessionCredentials:
         self, session_id: str, incarnation: str, tools: frozenset[str] | None = None
     ) -> str:
         """An opaque MCP session token for one incarnation of ``session_id``."""
-        payload = {"sid": session_id, "inc": incarnation}
+        payload: dict[str, Any] = {"sid": session_id, "inc": incarnation}
         if tools is not None:
             payload["tools"] = sorted(tools)
         return self._token_cipher.encrypt(json.dumps(payload).encode()).decode("ascii")

@@ -137,9 +137,10 @@ class AsyncHTTPClient(HTTPClientBase):
         if self._pool is not None:
             return self._pool
         if self._session is None or self._session.closed:
-            # aiohttp refuses an idle timeout for connections it never keeps.
-            idle = {"keepalive_timeout": _IDLE_SECONDS} if self.keep_alive else {}
-            connector = aiohttp.TCPConnector(limit=1, force_close=not self.keep_alive, **idle)
+            if self.keep_alive:
+                connector = aiohttp.TCPConnector(limit=1, keepalive_timeout=_IDLE_SECONDS)
+            else:  # aiohttp refuses an idle timeout for connections it never keeps
+                connector = aiohttp.TCPConnector(limit=1, force_close=True)
             self._loop = asyncio.get_running_loop()
             self._session = aiohttp.ClientSession(
                 connector=connector,

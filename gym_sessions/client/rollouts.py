@@ -148,7 +148,7 @@ class _Rollout:
                     else self.idle_actions.sample()
                     for i in range(n)
                 ]
-                batch = create_empty_array(vector.single_action_space, n)
+                batch: Any = create_empty_array(vector.single_action_space, n)
                 batch = concatenate(vector.single_action_space, actions, batch)
                 observations, rewards, terminations, truncations, infos = vector.step(batch)
                 env_infos = [_sub_info(infos, i) for i in range(n)]
@@ -171,17 +171,17 @@ class _Rollout:
                     )
                     step_of[i] += 1
                 resetting[:] = False
-                for i in np.flatnonzero(ended):
+                for i in np.flatnonzero(ended).tolist():
                     if episode_of[i] >= 0:
                         finished += 1
                         bar.update(1)
                     episode_of[i] = started if started < episodes else -1
-                    started += episode_of[i] >= 0
+                    started += int(episode_of[i] >= 0)
                     step_of[i] = 0
                 if self.mode == AutoresetMode.NEXT_STEP:
                     resetting = ended
                 elif self.mode == AutoresetMode.DISABLED and ended.any() and finished < episodes:
                     observations, reset_infos = vector.reset(options={"reset_mask": ended})
-                    for i in np.flatnonzero(ended):
+                    for i in np.flatnonzero(ended).tolist():
                         env_infos[i] = _sub_info(reset_infos, i)
         return records

@@ -229,7 +229,9 @@ class RemoteVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, num_envs)
 
         self._env_obs: list[Any] = [None] * num_envs
-        self._observations = create_empty_array(self.single_observation_space, num_envs, np.zeros)
+        self._observations: Any = create_empty_array(
+            self.single_observation_space, num_envs, np.zeros
+        )
         self._rewards = np.zeros((num_envs,), dtype=np.float64)
         self._terminations = np.zeros((num_envs,), dtype=np.bool_)
         self._truncations = np.zeros((num_envs,), dtype=np.bool_)

@@ -209,7 +209,7 @@ class _PrivateProtocol:
             self.app = self._vouching_app
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]
+        super().connection_made(transport)  # type: ignore[misc]  # a mixin: uvicorn's protocol
         if self._cap is not None and not self._cap.admit(self):
             self._refuse(
                 OverloadedError(
@@ -262,7 +262,9 @@ def _protocol_class() -> type:
     # Imported here: gym_sessions.server imports this module (through its app).
     from gym_sessions.server.http_protocol import BoundedHttpProtocol
 
-    class PrivateHttpProtocol(_PrivateProtocol, BoundedHttpProtocol):
+    # uvicorn's connection_made takes the wider asyncio.BaseTransport; ours, as
+    # uvicorn's own, expects the socket transport every listener gives it.
+    class PrivateHttpProtocol(_PrivateProtocol, BoundedHttpProtocol):  # type: ignore[misc]
         pass
 
     return PrivateHttpProtocol
@@ -314,7 +316,8 @@ class PrivateListener:
             proxy_headers=False,
             server_header=False,
             date_header=False,
-            timeout_keep_alive=_KEEP_ALIVE_SECONDS if path is not None else idle_timeout,
+            # uvicorn types it int but only ever passes it to loop.call_later.
+            timeout_keep_alive=_KEEP_ALIVE_SECONDS if path is not None else idle_timeout,  # type: ignore[arg-type]
             ws="none",
         )
         self._config.load()
@@ -332,7 +335,7 @@ class PrivateListener:
         """Start listening."""
         config, state, cap = self._config, self._state, self.connections
         max_head_bytes, head_timeout = self._max_head_bytes, self._head_timeout
-        protocol_class = self._config.http_protocol_class
+        protocol_class: Any = self._config.http_protocol_class  # `_protocol_class()`
         loop = asyncio.get_running_loop()
 
         def protocol() -> asyncio.Protocol:

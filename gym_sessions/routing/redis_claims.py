@@ -58,7 +58,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -693,7 +693,7 @@ class WorkerRegistry:
         if known is not None:
             return known
         registration = await _call(self.client.get(self.key_prefix + worker_id), self.deadline)
-        self.remember(worker_id, registration, None)
+        self.remember(worker_id, cast("str | None", registration), None)  # decoded replies
         return self._known.get(worker_id)
 
     def claimed_address(self, worker_id: str) -> tuple[str, int] | None:
@@ -1074,8 +1074,10 @@ class RedisClaimStore:
         Redis does not keep them forever. Works in batches, so Redis is never
         held up long by a dead worker with many claims.
         """
-        workers = await _call(
-            self.client.smembers(self.indexed_workers_key), self.registry.deadline
+        # The clients decode replies (decode_responses=True): members are str.
+        workers = cast(
+            "set[str]",
+            await _call(self.client.smembers(self.indexed_workers_key), self.registry.deadline),
         )
         reaped = 0
         for worker_id in workers:

@@ -261,6 +261,7 @@ class SessionRouter:
                 scope, receive, self.max_body_bytes, self.body_read_timeout_seconds, ticket
             )
             if signed_digest is not None:
+                assert self.forward_signer is not None  # the head was checked by it
                 self.forward_signer.verify_body(signed_digest, body)
             routed = self._find_session(scope, body)
         except _ClientDisconnected:
@@ -364,7 +365,7 @@ class SessionRouter:
             if not refused:
                 await send(message)
 
-        target = send_unless_refused
+        target: Send = send_unless_refused
         if self.worker_header is not None:
             target = _with_header(target, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:

@@ -155,7 +155,7 @@ def find_session_id(
     """
     found: FoundSessionId | None = None
     cookie_sid = cookie.get(sources.cookie_key) if cookie else None
-    if is_valid_session_id(cookie_sid):
+    if isinstance(cookie_sid, str) and is_valid_session_id(cookie_sid):
         found = FoundSessionId(cookie_sid, IdSource.COOKIE)
     elif token is not None:
         if path not in sources.token_paths:

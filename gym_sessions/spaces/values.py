@@ -76,6 +76,7 @@ def _only_element(feature: Space[Any]) -> Any:
     """The one element of a space for which `_has_no_length` holds."""
     if isinstance(feature, Tuple):
         return tuple(_only_element(sub) for sub in feature.spaces)
+    assert isinstance(feature, Dict)  # `_has_no_length` holds only for Tuple and Dict
     return {key: _only_element(sub) for key, sub in feature.spaces.items()}
 
 
@@ -141,9 +142,9 @@ def _encode_stacked(feature: Space[Any], value: Any, path: str) -> list[Any]:
 def _decode_stacked(feature: Space[Any], data: Any, path: str) -> Any:
     items = list_from_json(data, path)
     if isinstance(feature, _ARRAY_SPACES):
-        return decode_array(items, feature.dtype, (len(items), *feature.shape), path)
+        return decode_array(items, feature.dtype, (len(items), *(feature.shape or ())), path)
     decoded = [_value_from_json(feature, item, f"{path}[{i}]") for i, item in enumerate(items)]
-    out = create_empty_array(feature, len(decoded))
+    out: Any = create_empty_array(feature, len(decoded))
     if not decoded:
         # `concatenate` cannot stack zero arrays (np.stack raises), but the empty
         # buffer already is the stacked form of no elements: shape-(0, ...) arrays.

@@ -64,7 +64,7 @@ def assert_one_error_line(result: subprocess.CompletedProcess[str], *mentions: s
     [
         ("NoSuchEnv-v9", "NoSuchEnv-v9"),
         ("no_such_module_for_gym_sessions:Env", "no_such_module_for_gym_sessions"),
-        ("envs.counter:NoSuchAttribute", "NoSuchAttribute"),
+        ("gym_sessions.examples.counter:NoSuchAttribute", "NoSuchAttribute"),
         ("notenv:NOT_AN_ENV", "notenv:NOT_AN_ENV"),
         ("notenv:make_nothing", "notenv:make_nothing"),
     ],
@@ -154,14 +154,23 @@ def test_help_of_every_command_is_plain_text(short_tmp: str):
         ("{'size': 8}", ["--env-kwargs", "not valid JSON"]),
         ('[["size", 8]]', ["--env-kwargs", "JSON object"]),
         ('"size=8"', ["--env-kwargs", "JSON object"]),
-        ('{"no_such_argument": 1}', ["envs.counter:CounterEnv", "no_such_argument"]),
+        (
+            '{"no_such_argument": 1}',
+            ["gym_sessions.examples.counter:CounterEnv", "no_such_argument"],
+        ),
     ],
     ids=["not-json", "array", "string", "unknown-argument"],
 )
 def test_bad_env_kwargs_are_one_error_line(short_tmp: str, env_kwargs: str, mentions: list[str]):
     tmpdir = Path(short_tmp)
     result = run_cli(
-        tmpdir, "serve", "envs.counter:CounterEnv", "--port", "0", "--env-kwargs", env_kwargs
+        tmpdir,
+        "serve",
+        "gym_sessions.examples.counter:CounterEnv",
+        "--port",
+        "0",
+        "--env-kwargs",
+        env_kwargs,
     )
     assert_one_error_line(result, *mentions)
     assert list(tmpdir.glob("gym-sessions-*")) == []
@@ -170,9 +179,16 @@ def test_bad_env_kwargs_are_one_error_line(short_tmp: str, env_kwargs: str, ment
 def test_env_kwargs_for_a_server_target_are_one_error_line(short_tmp: str):
     result = run_cli(
         Path(short_tmp),
-        *("serve", "envs.counter:CounterAgent", "--port", "0", "--env-kwargs", '{"a": 1}'),
+        *(
+            "serve",
+            "gym_sessions.examples.counter:CounterAgent",
+            "--port",
+            "0",
+            "--env-kwargs",
+            '{"a": 1}',
+        ),
     )
-    assert_one_error_line(result, "envs.counter:CounterAgent", "env kwargs")
+    assert_one_error_line(result, "gym_sessions.examples.counter:CounterAgent", "env kwargs")
 
 
 @pytest.mark.parametrize(
@@ -187,6 +203,12 @@ def test_bad_several_hosts_limits_are_one_error_line(
     short_tmp: str, option: str, value: str, mention: str
 ):
     result = run_cli(
-        Path(short_tmp), "serve", "envs.counter:CounterEnv", "--port", "0", option, value
+        Path(short_tmp),
+        "serve",
+        "gym_sessions.examples.counter:CounterEnv",
+        "--port",
+        "0",
+        option,
+        value,
     )
     assert_one_error_line(result, mention)
