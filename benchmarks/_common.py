@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from gym_sessions.wire import SESSION_COOKIE
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The scripts start redis-server and nginx with the test suite's runners
 # (tests/services.py), so the repository root must be importable from here.
@@ -54,7 +56,7 @@ results_dir = LOCAL_RESULTS_DIR  # where this run writes; `parse_args` sets it f
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-COOKIE = "gym_session"
+COOKIE = SESSION_COOKIE
 SESSION_HEADER = "X-Session-Id"
 
 # Statistics -------------------------------------------------------------------------------

@@ -183,9 +183,9 @@ async def measure(args: argparse.Namespace, claims_dir: str, redis_url: str) -> 
             assert await theirs.claim(sid) is None
             assert await redis_theirs.claim(sid) is None
         for claims in (mine, redis_mine):
-            assert await claims.owner(own_ids[0]) == "w1"
-            assert await claims.owner(other_ids[0]) == "w2"
-            assert await claims.owner(uuid.uuid4().hex) is None
+            assert await claims.holder(own_ids[0]) == "w1"
+            assert await claims.holder(other_ids[0]) == "w2"
+            assert await claims.holder(uuid.uuid4().hex) is None
 
         file_creator = FileClaimStore(claims_dir, "w3")
         client = redis_mine_store.client

@@ -102,22 +102,22 @@ class Fleet:
             if self.private[worker].worker != worker:
                 raise RuntimeError("a private socket answered for another worker")
 
-    def owner(self, r: int) -> str:
+    def holder(self, r: int) -> str:
         return self.workers[r % len(self.workers)]
 
     def local(self, r: int, n: int, into: list[float]) -> None:
-        owner = self.owner(r)
+        owner = self.holder(r)
         self.sessions[owner].steps(self.groups[owner][1], n, into)
 
     def forwarded(self, r: int, n: int, into: list[float]) -> None:
-        owner = self.owner(r)
+        owner = self.holder(r)
         shift = 1 + (r // len(self.workers)) % (len(self.workers) - 1)
         via = self.groups[self.workers[(r + shift) % len(self.workers)]][0]
         assert via.worker != owner
         self.sessions[owner].steps(via, n, into)
 
     def direct(self, r: int, n: int, into: list[float]) -> None:
-        owner = self.owner(r)
+        owner = self.holder(r)
         self.sessions[owner].steps(self.private[owner], n, into)
 
     def check(self) -> None:

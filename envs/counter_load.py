@@ -18,6 +18,7 @@ import aiohttp
 
 from gym_sessions.routing.claim_store import FileClaimStore
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, SESSION_COOKIE
 
 __all__ = [
     "Episode",
@@ -28,8 +29,6 @@ __all__ = [
     "play_all",
     "play_over_mcp",
 ]
-
-COOKIE = "gym_session"
 
 
 @dataclass
@@ -92,13 +91,13 @@ async def _post(
 ) -> tuple[int, Any, str | None]:
     send_headers = dict(headers or {})
     if cookie:
-        send_headers["Cookie"] = f"{COOKIE}={cookie}"
+        send_headers["Cookie"] = f"{SESSION_COOKIE}={cookie}"
     async with client.post(url, json=body, headers=send_headers) as reply:
         data = await reply.json(content_type=None)
         episode.statuses.append(reply.status)
         if reply.status >= 400:
             episode.error_codes.append(data["error"]["code"])
-        morsel = reply.cookies.get(COOKIE)
+        morsel = reply.cookies.get(SESSION_COOKIE)
         return reply.status, data, morsel.value if morsel else cookie
 
 
@@ -124,7 +123,7 @@ async def play(
     for step in episode.increments:
         await _post(client, url + "/step", episode, {"action": step}, cookie)
     status, data, cookie = await _post(
-        client, url + "/verify", episode, {}, cookie, {"x-gym-close-follows": "1"}
+        client, url + "/verify", episode, {}, cookie, {CLOSE_FOLLOWS_HEADER: "1"}
     )
     if status == 200:
         episode.reward = data["reward"]

@@ -10,6 +10,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_sessions.wire import SESSION_COOKIE
+
 __all__ = ["SECRET_ENV", "Settings"]
 
 SECRET_ENV = "GYM_SESSIONS_SECRET"
@@ -53,7 +55,7 @@ class Settings:
         session_cookie: Name of the signed session cookie.
         session_close_retry_window_seconds: How long a session that is no longer
             open keeps its claim, and how long a closed id is remembered.
-        routes_sessions_to_owner: Route each request to the worker that holds its
+        routes_sessions_to_holder: Route each request to the worker that holds its
             session (only matters with several workers).
         checkpoint_session_starts: Paths (without rollout prefix) that start a session.
         max_body_bytes: Larger request bodies get 413. 16 MiB: parsing JSON
@@ -113,9 +115,9 @@ class Settings:
     port: int = 8000
     workers: int = 1
     secret: str = field(default="", repr=False)
-    session_cookie: str = "gym_session"
+    session_cookie: str = SESSION_COOKIE
     session_close_retry_window_seconds: float = 300.0
-    routes_sessions_to_owner: bool = True
+    routes_sessions_to_holder: bool = True
     checkpoint_session_starts: tuple[str, ...] = ("/seed_session", "/reset")
     max_body_bytes: int = 16 * _MIB
     max_inflight_body_bytes: int = 32 * _MIB
@@ -221,7 +223,7 @@ class Settings:
         With file claims: several workers and routing on. With Redis claims
         other hosts' workers exist too, so one worker routes as well.
         """
-        return self.routes_sessions_to_owner and (self.workers > 1 or self.redis_claims)
+        return self.routes_sessions_to_holder and (self.workers > 1 or self.redis_claims)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied."""

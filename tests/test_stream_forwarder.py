@@ -472,7 +472,7 @@ async def test_closed_pooled_connections_are_skipped_and_closed(forwarder):
 
 
 async def test_the_pool_keeps_at_most_its_limit_and_close_empties_it(forwarder):
-    limit = stream_forwarder._MAX_IDLE_PER_CLAIMANT
+    limit = stream_forwarder._MAX_IDLE_PER_HOLDER
     connections = [FakeConnection() for _ in range(limit + 1)]
     for connection in connections:
         forwarder._release(WORKER, connection.connection)

@@ -3,7 +3,7 @@
 The connector holds at most one connection (``limit=1``), so every request of a
 session goes over the connection that started it and reaches the worker that
 claimed the session, with no routing hop. If that connection closes, the next
-one carries the session cookie and the server routes it to the claimant. No
+one carries the session cookie and the server routes it to the holder. No
 cookie jar: the session cookie is kept by hand (`HTTPClientBase`), as in the
 blocking client, so that sessions sharing a host never see each other's cookie.
 A server that holds many sessions of its own (the agent) passes its pool
@@ -39,6 +39,7 @@ from gym_sessions.client.exchange import (
 )
 from gym_sessions.client.step_recovery import StepRecovery
 from gym_sessions.errors import GymSessionsError
+from gym_sessions.wire import SESSION_COOKIE
 
 __all__ = ["AsyncHTTPClient"]
 
@@ -113,7 +114,7 @@ class AsyncHTTPClient(HTTPClientBase):
         timeout: float = 60.0,
         keep_alive: bool = True,
         retries: int = 1,
-        cookie_name: str = "gym_session",
+        cookie_name: str = SESSION_COOKIE,
         headers: Mapping[str, str] | None = None,
         pool: aiohttp.ClientSession | None = None,
     ) -> None:

@@ -47,6 +47,7 @@ from gym_sessions.errors import (
     ServerUnreachableError,
     error_from_body,
 )
+from gym_sessions.wire import SESSION_COOKIE
 
 __all__ = ["Exchange", "Failure", "HTTPClientBase", "Reply", "Request", "TransportFailure"]
 
@@ -169,7 +170,7 @@ class HTTPClientBase:
         timeout: float = 60.0,
         keep_alive: bool = True,
         retries: int = 1,
-        cookie_name: str = "gym_session",
+        cookie_name: str = SESSION_COOKIE,
         headers: Mapping[str, str] | None = None,
         schemes: tuple[str, ...] = ("http",),
     ) -> None:

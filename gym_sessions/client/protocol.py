@@ -43,6 +43,7 @@ from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.client.step_recovery import StepRecovery
 from gym_sessions.frames import decode_frame
 from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
+from gym_sessions.wire import CLOSE_FOLLOWS_HEADER
 
 __all__ = [
     "HEALTH_REQUEST",
@@ -64,7 +65,6 @@ __all__ = [
 #: ``rgb_array`` frames locally instead (and ``*_list`` modes collect them locally).
 WIRE_RENDER_MODES = ("rgb_array", "depth_array", "ansi")
 
-CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
 
 SPACES_REQUEST = Request("GET", "/spaces", resendable=True)
 # Sent with the session cookie: the router hands it to the worker that claims

@@ -36,12 +36,12 @@ class Agent(Protocol):
     def act(self, observation: Any, info: dict[str, Any]) -> Any: ...
 
 
-Policy = Callable[[Any], Any] | Agent
+RolloutPolicy = Callable[[Any], Any] | Agent
 
 
 def run_episodes(
     env: str | VectorEnv,
-    policy: Policy,
+    policy: RolloutPolicy,
     *,
     episodes: int,
     num_envs: int = 1,
@@ -112,7 +112,7 @@ def _detach(value: Any) -> Any:
 class _Rollout:
     """The bookkeeping of one `run_episodes` call."""
 
-    def __init__(self, vector: VectorEnv, policy: Policy, seed: int | None) -> None:
+    def __init__(self, vector: VectorEnv, policy: RolloutPolicy, seed: int | None) -> None:
         self.vector = vector
         act = getattr(policy, "act", None)
         self.act: Callable[[Any, dict[str, Any]], Any] = (

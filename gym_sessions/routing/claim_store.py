@@ -4,7 +4,7 @@ A `ClaimStore` is shared by every worker of a deployment. Two implementations:
 
 - `FileClaimStore` (``claims = "file"``, one host): one file per claimed
   session under the runtime directory's ``claims/``. The name is a hash of the
-  session id (never a path built from it); the content is the claimant's
+  session id (never a path built from it); the content is the holder's
   worker id. A claim is created by hard-linking a complete temporary file into
   place: the link fails if the claim exists, so two workers never both hold an
   id, and a reader never sees half a claim. Files end with the server.
@@ -133,9 +133,9 @@ class FileClaimStore:
                     os.link(tmp, path)
                     return None
                 except FileExistsError:
-                    owner = self.read_now(session_id)
-                    if owner is not None:
-                        return owner
+                    holder = self.read_now(session_id)
+                    if holder is not None:
+                        return holder
             raise RuntimeError(f"could not settle the claim of session {session_id!r}")
         finally:
             os.unlink(tmp)

@@ -1,13 +1,13 @@
 """The hop: hand a request to the worker that claims its session, and its reply back.
 
-The request goes to the claimant unchanged (method, raw path, query, headers
+The request goes to the holder unchanged (method, raw path, query, headers
 less hop-by-hop ones, ``content-length`` set anew, the body already read) and
 the reply streams back unchanged. `StreamForwarder` implements `Forwarder`:
 plain HTTP/1.1 written and parsed by hand on a pool of persistent connections
-per claimant to its private uvicorn listener (``<runtime dir>/workers/<id>.sock``
+per holder to its private uvicorn listener (``<runtime dir>/workers/<id>.sock``
 with file claims, a TCP port with Redis claims).
 
-An aiohttp client per claimant measured slower and was removed (see
+An aiohttp client per holder measured slower and was removed (see
 ``benchmarks/README.md``). Another design, handing the ASGI scope and body
 over as frames without HTTP on either side, measured 0.97-1.02x this hop's
 latency (commit "Experiment: a framed ASGI hop";
@@ -17,7 +17,7 @@ already C (httptools), so it was removed too.
 Every routed worker listens on its HTTP private socket, which stays usable for
 debugging:
 ``curl --unix-socket <runtime dir>/workers/<id>.sock http://worker/health``. A
-claimant whose socket refuses connections or is gone is gone:
+holder whose socket refuses connections or is gone is gone:
 `SessionGoneError` (410).
 """
 
@@ -37,8 +37,8 @@ __all__ = [
     "HOP_BY_HOP_HEADERS",
     "SIGNATURE_HEADER",
     "Forwarder",
-    "claimant_gone",
     "forwarded_headers",
+    "holder_gone",
     "make_forwarder",
     "reply_headers",
     "request_target",
@@ -87,12 +87,12 @@ def forwarded_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
 
 
 def reply_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """A claimant's reply headers, lower-cased, without hop-by-hop ones."""
+    """A holder's reply headers, lower-cased, without hop-by-hop ones."""
     lowered = ((name.lower(), value) for name, value in raw)
     return [(name, value) for name, value in lowered if name not in HOP_BY_HOP_HEADERS]
 
 
-def claimant_gone(worker_id: str) -> SessionGoneError:
+def holder_gone(worker_id: str) -> SessionGoneError:
     """The error for a session whose worker has exited."""
     return SessionGoneError(f"the worker that holds this session ({worker_id}) is gone")
 

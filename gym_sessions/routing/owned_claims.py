@@ -1,17 +1,17 @@
 """A worker's own claims and their lifetimes (docs/design.md §3.4.3).
 
-The claimant keeps its claims in memory, so a request for one of its own
+The holder keeps its claims in memory, so a request for one of its own
 sessions never asks the store. Each claim is in one `ClaimState` and counts the
 requests for it in flight; every change of state is a row of `TRANSITIONS`. A
 background sweep ends the claims whose session has not been open for
 ``window`` seconds since its last request, even when no request comes. Only the
-claimant removes a claim, and never while a request for it is in flight.
+holder removes a claim, and never while a request for it is in flight.
 
 For a store whose claims expire by themselves (Redis), the store follows the
 memory (`StoreExpiry`): a claim that is open or has a request in flight has no
 expiry; one that is idle and not open expires ``window`` plus a margin after
-its last request, so the claimant's own sweep always ends it first and the
-expiry only matters when the claimant died. One task per claim at a time brings
+its last request, so the holder's own sweep always ends it first and the
+expiry only matters when the holder died. One task per claim at a time brings
 the store in line, so two requests can never leave it in the wrong order.
 """
 
@@ -41,7 +41,7 @@ __all__ = [
 
 logger = logging.getLogger("gym_sessions.routing")
 
-# How much later than the claimant's own sweep a store's expiry ends an idle
+# How much later than the holder's own sweep a store's expiry ends an idle
 # claim: longer than a sweep interval plus a store round trip, with room to spare.
 EXPIRY_MARGIN_SECONDS = 10.0
 
@@ -310,7 +310,7 @@ class OwnedClaims:
         claim = self._claims.get(session_id)
         return claim is not None and claim.state is not ClaimState.RELEASING
 
-    async def owner(self, session_id: str) -> str | None:
+    async def holder(self, session_id: str) -> str | None:
         """The worker that claims ``session_id``: this one from memory, others from the store.
 
         Raises:
@@ -326,7 +326,7 @@ class OwnedClaims:
         return self._claims[session_id].incarnation
 
     async def claim(self, session_id: str, incarnation: Incarnation | None = None) -> str | None:
-        """Claim ``session_id`` here; ``None`` on success, else the other claimant's id.
+        """Claim ``session_id`` here; ``None`` on success, else the other holder's id.
 
         Args:
             session_id: The id.
@@ -502,7 +502,7 @@ class OwnedClaims:
                 except Exception:
                     logger.exception("ending idle session %r failed", sid)
             # Whatever the hooks did, it no longer counts as live. A record they
-            # kept (an agent's receipt) stays until its owner drops it.
+            # kept (an agent's receipt) stays until its holder drops it.
             claim = self._claims.get(sid)
             if claim is not None and claim.state.live:
                 self._close(sid, claim, ClaimEvent.IDLE_TIMEOUT)

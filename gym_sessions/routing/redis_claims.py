@@ -3,12 +3,12 @@
 Keys, under one prefix per Redis database:
 
 - ``gym_sessions:claim:<sha256 of the session id>`` = ``<worker id>|<its private
-  address>|<MAC>``: the claimant and where it listens. Created with ``SET NX``
+  address>|<MAC>``: the holder and where it listens. Created with ``SET NX``
   (two workers never both hold an id); only the
-  claimant changes or removes it, and every change compares the value first
+  holder changes or removes it, and every change compares the value first
   (a script), so a late removal can never delete another worker's claim. No
   expiry while the session is open or a request for it is in flight; the
-  claimant gives it one (its window plus a margin) when it goes idle and not
+  holder gives it one (its window plus a margin) when it goes idle and not
   open (`OwnedClaims`).
 - ``gym_sessions:claims_of:<worker id>`` = the claim names a worker holds,
   and ``gym_sessions:indexed_workers`` = the workers with such an index: how
@@ -22,7 +22,7 @@ Keys, under one prefix per Redis database:
   finds it gone (Redis came back empty), it creates it stamped with Redis's
   clock and writes its claims back; for `RESTORE_GRACE_SECONDS` after that a
   claim miss is "no answer" (503), so a session is never taken over by another
-  worker before its claimant has written it back.
+  worker before its holder has written it back.
 
 Redis is not trusted for integrity: claim and registration values carry an
 HMAC-SHA256 (key derived from the server secret for this purpose, truncated to
@@ -90,7 +90,7 @@ HEARTBEAT_SECONDS = 2.0
 REAP_EVERY_BEATS = 15
 _REAP_BATCH = 500
 # After Redis came back empty, a claim miss is "no answer" (503) this long, while
-# every claimant's next heartbeat writes its claims back.
+# every holder's next heartbeat writes its claims back.
 RESTORE_GRACE_SECONDS = 3 * HEARTBEAT_SECONDS
 _EPOCH_KEY = KEY_PREFIX + "epoch"
 REGISTRATION_PREFIX = KEY_PREFIX + "worker:"
@@ -145,7 +145,7 @@ class _ScriptArgs:
 #
 # settling(epoch key, grace ms): why no claim lookup can be trusted right now,
 # or false. Redis has lost its data (no epoch), or came back empty moments ago
-# and the claimants are still writing their claims back.
+# and the holders are still writing their claims back.
 #
 # holder(claim key, owner, registration prefix, orphan ms, epoch key, grace ms):
 # {owner, registration} if the owner is registered; else, unless Redis is
@@ -672,7 +672,7 @@ class WorkerRegistry:
         """Record what a claim read said about ``worker_id``.
 
         Args:
-            worker_id: The claimant.
+            worker_id: The holder.
             registration: Its registration's (signed) value; ``None``: not registered.
             claimed: The address its claim names (already verified).
 
@@ -1012,10 +1012,10 @@ class RedisClaimStore:
             case ClaimLost():
                 return await self._give_back(session_id, reply)
             case ClaimHeld(value, registration):
-                owner, address = self.registry.signer.read_claim(claim_name(session_id), value)
-                if owner != self.worker_id:
-                    self.registry.remember(owner, registration, address)
-                return owner
+                holder, address = self.registry.signer.read_claim(claim_name(session_id), value)
+                if holder != self.worker_id:
+                    self.registry.remember(holder, registration, address)
+                return holder
 
     async def remove(self, session_id: str) -> None:
         name, value = self._mine(session_id)
@@ -1049,14 +1049,14 @@ class RedisClaimStore:
         if found == 1:
             return True
         try:
-            owner: str | None = self.registry.signer.read_claim(name, found)[0]
+            holder: str | None = self.registry.signer.read_claim(name, found)[0]
         except ClaimsUnavailableError:
-            owner = None  # not signed with the secret: nobody's claim, never a takeover
+            holder = None  # not signed with the secret: nobody's claim, never a takeover
             logger.warning(
                 "the claim of a session of this worker was altered in the claim store "
                 "(not signed with the secret): written back"
             )
-        if owner is not None and owner != self.worker_id:
+        if holder is not None and holder != self.worker_id:
             # Another worker's genuine claim: it took the id over after ours expired.
             await _call(self.client.srem(self.index_key, name), self.registry.deadline)
             return False

@@ -119,7 +119,7 @@ class RequestSession:
             `SessionIdSources.claims_on_use`).
         cookie: The request's verified cookie data, or ``None``.
         token: The request's verified MCP session token, or ``None`` (dropped by
-            the claimant when it belongs to another incarnation).
+            the holder when it belongs to another incarnation).
         session_key: The ``session_key`` of a typed body, or ``None``.
         incarnation: Nonce of the session's incarnation, set on the worker that
             serves the request; the cookie and tokens of the reply carry it.

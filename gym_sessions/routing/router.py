@@ -300,17 +300,17 @@ class SessionRouter:
                         await self._start_elsewhere(routed, scope, body, send)
                         return
                     # One store call: claiming answers who holds the id if not us.
-                    owner = await self.claims.claim(sid)
+                    holder = await self.claims.claim(sid)
                 elif routed.source is IdSource.MINTED:
                     # Nobody can hold an id minted just now: no store lookup (health
                     # checks and /spaces never wait on, or fail with, the store).
-                    owner = None
+                    holder = None
                 else:
-                    owner = await self.claims.owner(sid)
-                    if owner is None and routed.source is IdSource.COOKIE:
-                        owner = await self._claim_provisionally(routed)
-                if owner is not None and owner != self.claims.worker_id:
-                    await self._forward(owner, scope, body, send, start=routed.starts)
+                    holder = await self.claims.holder(sid)
+                    if holder is None and routed.source is IdSource.COOKIE:
+                        holder = await self._claim_provisionally(routed)
+                if holder is not None and holder != self.claims.worker_id:
+                    await self._forward(holder, scope, body, send, start=routed.starts)
                     return
             elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
@@ -338,11 +338,11 @@ class SessionRouter:
         """
         sid = routed.session_id
         if routed.source is not IdSource.MINTED:
-            owner = await self.claims.owner(sid)
-            if owner == self.claims.worker_id:
+            holder = await self.claims.holder(sid)
+            if holder == self.claims.worker_id:
                 raise _no_room()  # our own claim (not live): its start needs room here
-            if owner is not None:
-                await self._forward(owner, scope, body, send, start=True)
+            if holder is not None:
+                await self._forward(holder, scope, body, send, start=True)
                 return
         candidates = [w for w in await self.worker_ids() if w != self.claims.worker_id]
         random.shuffle(candidates)
@@ -375,7 +375,7 @@ class SessionRouter:
         return not refused
 
     async def _claim_here(self, routed: RequestSession) -> str | None:
-        """With nobody to forward to: claim what the request names; the other claimant or None.
+        """With nobody to forward to: claim what the request names; the other holder or None.
 
         Raises:
             CapacityReachedError: a session start and this worker is full.
@@ -438,7 +438,7 @@ class SessionRouter:
         return routed
 
     async def _forward(
-        self, owner: str, scope: Scope, body: bytes, send: Send, *, start: bool = False
+        self, holder: str, scope: Scope, body: bytes, send: Send, *, start: bool = False
     ) -> None:
         assert self.forwarder is not None
         if start:
@@ -448,7 +448,7 @@ class SessionRouter:
         if self.worker_header is not None:
             send = _with_header(send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
-            await self.forwarder.forward(owner, scope, body, send)
+            await self.forwarder.forward(holder, scope, body, send)
         except HTTPError as error:
             await self._send_error(scope, send, error)
 

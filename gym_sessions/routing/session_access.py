@@ -7,7 +7,7 @@ the claim began and, once a start or close bound one, a digest of the client's
 the id's claim has ended and the id names a new session, the credentials of the
 earlier one reach nothing.
 
-`SessionAccess.admit` applies the rule on the claimant, after the router found
+`SessionAccess.admit` applies the rule on the holder, after the router found
 the session and before any handler runs, so a refused request changes nothing,
 sets no cookie and mints no token. A request reaches a held session when it
 brings one of:
@@ -43,7 +43,7 @@ def new_incarnation_nonce() -> str:
 
 @dataclass
 class Incarnation:
-    """One life of a session id on its claimant: from its claim to the claim's end.
+    """One life of a session id on its holder: from its claim to the claim's end.
 
     Attributes:
         nonce: Carried by this incarnation's cookie and tokens.

@@ -1,6 +1,6 @@
 """The shipped hop: HTTP/1.1 by hand on persistent Unix-socket connections.
 
-Each claimant gets a pool of idle kept-alive connections. A request is written
+Each holder gets a pool of idle kept-alive connections. A request is written
 in one go (request line, headers, ``content-length``, body); the reply is
 parsed with httptools (uvicorn's own parser) and streamed to the caller as it
 arrives. A connection goes back to the pool only after a complete reply that
@@ -22,8 +22,8 @@ from starlette.types import Scope, Send
 from gym_sessions.errors import BadGatewayError, OverloadedError, out_of_resources
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import (
-    claimant_gone,
     forwarded_headers,
+    holder_gone,
     reply_headers,
     request_target,
 )
@@ -32,7 +32,7 @@ from gym_sessions.routing.worker_endpoints import WorkerEndpoints
 __all__ = ["StreamForwarder"]
 
 _READ_SIZE = 256 * 1024
-_MAX_IDLE_PER_CLAIMANT = 64
+_MAX_IDLE_PER_HOLDER = 64
 # A pooled connection unused this long is closed (well before the private
 # listener's own keep-alive would close it from its side).
 _IDLE_CLOSE_SECONDS = 15.0
@@ -40,7 +40,7 @@ _BROKEN = (OSError, EOFError, httptools.HttpParserError)
 
 
 class _ClosedUnanswered(EOFError):
-    """The claimant closed the connection before a single byte of its reply came."""
+    """The holder closed the connection before a single byte of its reply came."""
 
 
 _JOIN_BELOW = 64 * 1024
@@ -118,17 +118,17 @@ class StreamForwarder:
         except TimeoutError as exc:  # no answer: slow or unreachable, not known gone
             raise BadGatewayError(f"worker {worker_id} did not accept a connection") from exc
         except OSError as exc:  # refused, gone, or unregistered
-            if out_of_resources(exc):  # our shortage, not the claimant's death
+            if out_of_resources(exc):  # our shortage, not the holder's death
                 raise OverloadedError(
                     f"this worker is short of resources to reach worker {worker_id}: {exc.strerror}"
                 ) from exc
             self._drop_pool(worker_id)
-            raise claimant_gone(worker_id) from exc
+            raise holder_gone(worker_id) from exc
         return _Connection(reader, writer), False
 
     def _release(self, worker_id: str, connection: _Connection) -> None:
         idle = self._idle.setdefault(worker_id, deque())
-        if len(idle) < _MAX_IDLE_PER_CLAIMANT:
+        if len(idle) < _MAX_IDLE_PER_HOLDER:
             idle.append(connection)
             # After a burst the pool shrinks back: descriptors return to their baseline.
             loop = asyncio.get_running_loop()
@@ -154,8 +154,8 @@ class StreamForwarder:
         """Send the request in ``scope`` with ``body`` to ``worker_id``; stream the reply back.
 
         Raises:
-            SessionGoneError: the claimant's socket is gone or refuses connections.
-            BadGatewayError: the claimant failed before replying for another reason.
+            SessionGoneError: the holder's socket is gone or refuses connections.
+            BadGatewayError: the holder failed before replying for another reason.
         """
         signature = self.signer.header(scope, body, worker_id) if self.signer else None
         head = _request_head(scope, len(body), signature)
@@ -169,7 +169,7 @@ class StreamForwarder:
                 and isinstance(exc, _ClosedUnanswered)
                 and await self.endpoints.reachable(worker_id)
             ):
-                # A pooled connection the claimant closed while idle: nothing was
+                # A pooled connection the holder closed while idle: nothing was
                 # read from it, so the request never ran. Try once more, afresh.
                 # (Once any byte of a reply came, the request may have run: a
                 # resend could run a step twice, so that is a 502 instead.)
@@ -207,8 +207,8 @@ class StreamForwarder:
             data = await connection.reader.read(_READ_SIZE)
             if not data:
                 if answered:
-                    raise EOFError("the claimant closed the connection mid-reply")
-                raise _ClosedUnanswered("the claimant closed the connection before replying")
+                    raise EOFError("the holder closed the connection mid-reply")
+                raise _ClosedUnanswered("the holder closed the connection before replying")
             answered = True
             parser.feed_data(data)
         return reply, parser
@@ -242,10 +242,10 @@ class StreamForwarder:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 data = await connection.reader.read(_READ_SIZE)
                 if not data:
-                    raise EOFError("the claimant closed the connection mid-reply")
+                    raise EOFError("the holder closed the connection mid-reply")
                 parser.feed_data(data)
         except BaseException:
-            # The reply is incomplete (claimant gone, or our client left): this
+            # The reply is incomplete (holder gone, or our client left): this
             # connection is in an unknown state and is not reused.
             connection.close()
             raise
@@ -257,7 +257,7 @@ class StreamForwarder:
     async def _failure(self, worker_id: str, exc: BaseException) -> Exception:
         if not await self.endpoints.reachable(worker_id):
             self._drop_pool(worker_id)
-            return claimant_gone(worker_id)
+            return holder_gone(worker_id)
         return BadGatewayError(f"forwarding to worker {worker_id} failed: {exc!r}")
 
     async def close(self) -> None:

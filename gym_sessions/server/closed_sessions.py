@@ -14,7 +14,7 @@ class ClosedResourcesSessionRecords:
 
     While a record lasts, a late or retried start of that id is refused. The
     record never outlives the session's claim, which lasts a window after the
-    session's last request, so the claimant is always the worker that remembers.
+    session's last request, so the holder is always the worker that remembers.
     """
 
     def __init__(self, window: float, clock: Callable[[], float] = time.monotonic) -> None:

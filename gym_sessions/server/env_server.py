@@ -47,7 +47,13 @@ _RENDER_BODY = BodySchema()
 
 
 @dataclass
-class _EnvSession:
+class _ServedEnv:
+    """The env a session is served from and its open episode's bookkeeping.
+
+    (Not to be confused with `gym_sessions.server.env_session.EnvSession`, an
+    agent's HTTP handle on a session of some env server.)
+    """
+
     env: gym.Env
     render_mode: str | None = None
     episode_open: bool = False
@@ -117,7 +123,7 @@ class GymEnvServer(ResourcesServer):
                 )
             }
         )
-        self._sessions: dict[str, _EnvSession] = {}
+        self._sessions: dict[str, _ServedEnv] = {}
 
     def metrics(self) -> dict[str, Any]:
         return {"sessions": len(self._sessions)}
@@ -181,7 +187,7 @@ class GymEnvServer(ResourcesServer):
         render_mode = body.get("render_mode")
         state = self._sessions.get(session_id)
         if state is None:
-            state = _EnvSession(self._new_env(render_mode), render_mode)
+            state = _ServedEnv(self._new_env(render_mode), render_mode)
             self._sessions[session_id] = state
         elif render_mode is not None and render_mode != state.render_mode:
             # The env instance outlives the episode; its render mode is fixed.
@@ -195,7 +201,7 @@ class GymEnvServer(ResourcesServer):
         state.observation = value_to_json(self.observation_space, observation)
         return {"observation": state.observation, "info": to_jsonable(info)}
 
-    def _open_episode(self, request: Request) -> _EnvSession:
+    def _open_episode(self, request: Request) -> _ServedEnv:
         state = self._sessions.get(session_id(request))
         if state is None or not state.episode_open:
             raise NoOpenEpisodeError(

@@ -34,10 +34,10 @@ from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
 from gym_sessions.server.mcp import MCP_PATH, SESSION_TOKEN_HEADER_NAME, McpEndpoint
 from gym_sessions.server.tools import Tool, ToolHandler
 from gym_sessions.settings import Settings
+from gym_sessions.wire import CLOSE_FOLLOWS_HEADER
 
 __all__ = ["CLOSE_FOLLOWS_HEADER", "ResourcesServer", "session_id"]
 
-CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
 
 SEED_BODY = BodySchema(
     {

@@ -139,7 +139,7 @@ def measure_worker_clocks(d: SkewedDeployment, host: int) -> dict[str, tuple[flo
         after = time.time()
         cookie = set_cookie.split(";", 1)[0].split("=", 1)[1]
         stamp = cookie_timestamp(cookie)
-        worker = d.owner(session_id)
+        worker = d.holder(session_id)
         assert worker is not None and d.host_of(worker) == host
         low, high = bounds.get(worker, (float("-inf"), float("inf")))
         bounds[worker] = (max(low, stamp - after), min(high, stamp + 1 - before))
@@ -165,7 +165,7 @@ def test_episodes_all_score_with_one_hosts_clock_off(deploy_skewed, offset):
     statuses = [status for e in episodes for status in e.statuses]
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
     # Sessions lived on both hosts, so cookies minted on each were read on the other.
-    owners = {d.owner(e.session_id) for e in episodes}
+    owners = {d.holder(e.session_id) for e in episodes}
     assert None not in owners
     assert {d.host_of(owner) for owner in owners} == {0, 1}
 

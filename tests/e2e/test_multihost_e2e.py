@@ -54,7 +54,7 @@ class Deployment:
     def url(self) -> str:
         return self.nginx.url
 
-    def owner(self, session_id: str) -> str | None:
+    def holder(self, session_id: str) -> str | None:
         client = redis.Redis.from_url(self.redis.url, decode_responses=True)
         try:
             value = client.get(RedisClaimStore.key(session_id))
@@ -105,14 +105,14 @@ def test_200_episodes_through_nginx_over_two_hosts_all_score(deploy):
     assert all(status == 200 for e in episodes for status in e.statuses)
     # Sessions live on both hosts (closed ones keep their claim for the window),
     # so requests really crossed between them.
-    owners = {d.owner(e.session_id) for e in episodes}
+    owners = {d.holder(e.session_id) for e in episodes}
     assert None not in owners
     assert {d.host_of(owner) for owner in owners} == {0, 1}
     # The claimants remove every claim after the window; registrations stay.
     deadline = time.monotonic() + float(WINDOW) + 5
-    while any(d.owner(e.session_id) for e in episodes) and time.monotonic() < deadline:
+    while any(d.holder(e.session_id) for e in episodes) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(d.owner(e.session_id) for e in episodes)
+    assert not any(d.holder(e.session_id) for e in episodes)
     assert len(d.registered_workers()) == 2 * WORKERS_PER_HOST
 
 
@@ -158,7 +158,7 @@ def _run_with_fault(d: Deployment, fault: Callable[[dict[str, str]], object], n:
     async def scenario():
         async with client_session() as client:
             await asyncio.gather(*[_start(client, d.url, e, cookies) for e in episodes])
-            owners = {e.session_id: d.owner(e.session_id) for e in episodes}
+            owners = {e.session_id: d.holder(e.session_id) for e in episodes}
             victim = fault(owners)
             await asyncio.sleep(0.5)
             await asyncio.gather(*[_finish(client, d.url, e, cookies) for e in episodes])
@@ -277,7 +277,7 @@ def test_redis_lost_while_serving_gives_503_then_service_resumes(deploy):
 
     d.redis.start()  # empty: the workers' heartbeats write their claims back
     deadline = time.monotonic() + 20
-    while not all(d.owner(e.session_id) for e in episodes) or len(d.registered_workers()) < 4:
+    while not all(d.holder(e.session_id) for e in episodes) or len(d.registered_workers()) < 4:
         assert time.monotonic() < deadline
         time.sleep(0.2)
 
@@ -339,9 +339,9 @@ def test_reload_of_one_host_loses_no_episode(deploy):
             for episode in held:
                 await hold(client, episode)
             on_host = {
-                d.owner(e.session_id)
+                d.holder(e.session_id)
                 for e in held
-                if int(d.owner(e.session_id).split("-")[0]) in host.worker_pids()
+                if int(d.holder(e.session_id).split("-")[0]) in host.worker_pids()
             }
             assert on_host  # some held sessions live on the host being reloaded
 
@@ -403,7 +403,7 @@ def test_a_worker_busy_with_a_long_step_is_not_taken_for_gone(deploy):
                 async with client.post(d.url + "/reset", json=body) as reply:
                     assert reply.status == 200
                     cookies[episode.session_id] = reply.cookies["gym_session"].value
-            owners = {e.session_id: d.owner(e.session_id) for e in episodes}
+            owners = {e.session_id: d.holder(e.session_id) for e in episodes}
             busy_worker = next(w for w in owners.values() if list(owners.values()).count(w) > 1)
             slow, other = [e for e in episodes if owners[e.session_id] == busy_worker][:2]
             # Make one session's steps slow: restart it with step_seconds 12, by its key.

@@ -268,7 +268,7 @@ async def start_cluster(
     # second each time) protects nothing here. tests/e2e/test_operations.py
     # covers that wait with real processes.
     settings_kw.setdefault("graceful_timeout", 0.0)
-    settings = Settings(workers=n, secret=SECRET, routes_sessions_to_owner=routed, **settings_kw)
+    settings = Settings(workers=n, secret=SECRET, routes_sessions_to_holder=routed, **settings_kw)
     runtime_dir = None
     if settings.routed and not settings.redis_claims:
         runtime_dir = RuntimeDirectory.create(base)

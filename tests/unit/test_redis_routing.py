@@ -479,7 +479,7 @@ def test_one_worker_with_redis_claims_still_routes():
         peer_networks=("10.0.0.0/24",),
     ).routed
     assert not Settings(
-        secret="s", claims="unix:///run/redis.sock", routes_sessions_to_owner=False
+        secret="s", claims="unix:///run/redis.sock", routes_sessions_to_holder=False
     ).routed
     assert not Settings(secret="s").routed
 
