@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 from gymnasium.spaces import (
@@ -24,8 +25,6 @@ from gymnasium.spaces import (
 )
 
 from gym_sessions.spaces import space_json_schema, value_to_json
-
-jsonschema = pytest.importorskip("jsonschema")
 
 SPACES: dict[str, Space[Any]] = {
     "discrete": Discrete(5, start=-2),
