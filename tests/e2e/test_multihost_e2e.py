@@ -38,7 +38,7 @@ from .subprocesses import run_module
 
 pytestmark = pytest.mark.e2e
 
-COUNTER = "envs.counter:CounterEnv"
+COUNTER = "gym_sessions.examples.counter:CounterEnv"  # some tests run outside the repository
 EPISODES = 200
 WINDOW = "2"
 WORKERS_PER_HOST = 2

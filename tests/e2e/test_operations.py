@@ -157,11 +157,24 @@ def test_reload_under_load_loses_no_episode_and_new_code_serves_new_sessions(tmp
         old_pids = server.worker_pids()
         episodes = make_episodes(200, seed=33)
         versions: dict[str, int] = {}
+        reloaded = asyncio.Event()
+
+        def only_new_workers_answer() -> bool:
+            # Ten new connections in a row accepted by new workers: the old ones
+            # have closed their copies of the listening socket.
+            for _ in range(10):
+                worker = server.health()["worker"]
+                if int(worker.split("-", 1)[0]) in old_pids:
+                    return False
+            return True
 
         async def one(client, index: int, episode: Episode) -> None:
-            # Starts spread over 8 s, the reload at 2 s: the last 50 start 4 s after it,
-            # time enough for the new workers to start even on a loaded machine.
+            # Starts spread over 8 s, the reload at 2 s. The last 50 also wait
+            # until the new generation took over, however long it takes to
+            # start on a loaded machine (a fixed 4 s once was not enough).
             await asyncio.sleep(index * 0.04)
+            if index >= 150:
+                await reloaded.wait()
             body = {
                 "resources_session_id": episode.session_id,
                 "session_key": episode.session_key,
@@ -179,6 +192,9 @@ def test_reload_under_load_loses_no_episode_and_new_code_serves_new_sessions(tmp
             from gym_sessions.cli import main
 
             assert main(["reload", "--pid-file", pid_file]) == 0
+            took_over = await asyncio.to_thread(_wait_for, only_new_workers_answer, 60, 0.2)
+            assert took_over, "the new workers did not take over within 60 s"
+            reloaded.set()
 
         async def run() -> None:
             async with client_session() as client:
