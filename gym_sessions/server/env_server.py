@@ -11,7 +11,6 @@ calls ``env.close()`` once.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +37,7 @@ from gym_sessions.spaces import (
     value_from_json,
     value_to_json,
 )
+from gym_sessions.spaces.values import to_jsonable
 
 __all__ = ["GymEnvServer", "to_jsonable"]
 
@@ -54,23 +54,6 @@ class _EnvSession:
     episode_return: float = 0.0
     episode_length: int = 0
     observation: Any = None  # the latest observation, as JSON
-
-
-def to_jsonable(value: Any) -> Any:
-    """``value`` (an info dict, metadata) as JSON: arrays to lists, non-finite floats to strings."""
-    if isinstance(value, dict):
-        return {str(key): to_jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_jsonable(item) for item in value]
-    if isinstance(value, np.ndarray):
-        return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return to_jsonable(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return repr(value)
 
 
 def _call_env(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
