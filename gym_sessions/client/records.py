@@ -8,8 +8,12 @@ A record is one dict: a step of `run_episodes` (``episode``, ``step``,
 naming the format and, when known, the observation and action spaces (as
 ``GET /spaces`` describes them)::
 
-    {"format": "gym-sessions/records", "version": 1, "observation_space": {...}, "action_space": {...}}
-    {"episode": 0, "step": 0, "env_index": 0, "worker": "4242-1a2b", "observation": [0.01, ...], ...}
+    {"format": "gym-sessions/records", "version": 1,
+     "observation_space": {...}, "action_space": {...}}
+    {"episode": 0, "step": 0, "env_index": 0, "worker": "4242-1a2b",
+     "observation": [0.01, ...], ...}
+
+(one line each in the file).
 
 Values are made JSON-safe exactly as the wire does (`gym_sessions.spaces`):
 ``observation`` and ``action`` through their spaces (`value_to_json`), so they
