@@ -194,7 +194,9 @@ def save_jsonl(
             file.write(json.dumps(data, allow_nan=False, separators=(",", ":")) + "\n")
 
 
-def _decode_record(data: Any, spaces: Mapping[str, Space[Any] | None], where: str) -> dict:
+def _decode_record(
+    data: Any, spaces: Mapping[str, Space[Any] | None], where: str
+) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: a record must be a JSON object, got {type(data).__name__}")
     record: dict[str, Any] = {}

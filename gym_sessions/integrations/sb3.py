@@ -90,7 +90,9 @@ class RemoteVecEnv(VecEnv):
         TypeError: ``autoreset_mode`` was given.
     """
 
-    def __init__(self, url: str = "http://127.0.0.1:8000", num_envs: int = 1, **env_kwargs: Any):
+    def __init__(
+        self, url: str = "http://127.0.0.1:8000", num_envs: int = 1, **env_kwargs: Any
+    ) -> None:
         if "autoreset_mode" in env_kwargs:
             raise TypeError(
                 "RemoteVecEnv resets ended sub-envs within the step, as SB3 expects; "
