@@ -6,6 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Touched after a successful install; pyproject.toml changing makes it stale.
 STAMP := $(VENV)/.installed
+# The torch the sb3 extra's tests run with (its CPU build lies on this machine kind's disk).
+TORCH_VERSION ?= 2.13.0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -23,7 +25,10 @@ $(STAMP): pyproject.toml
 		"$(PYTHON)" -m venv "$(VENV)" || { rm -rf "$(VENV)"; exit 1; }; \
 	fi
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e ".[dev]"
+	@# torch first, pinned: the sb3 extra's bare torch>=2.3 would otherwise let pip
+	@# fetch the newest torch, a multi-GB CUDA build; 2.13.0 is the CPU build on disk.
+	$(BIN)/python -m pip install "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install -e ".[dev,sb3]"
 	@touch "$@"
 
 demo: venv

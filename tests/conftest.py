@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from types import ModuleType
 
 import pytest
 
@@ -21,6 +23,20 @@ def require_or_skip(program: str, package: str) -> None:
         if os.environ.get("CI"):
             raise
         pytest.skip(str(exc))
+
+
+def import_extra_or_skip(module: str, extra: str) -> ModuleType:
+    """Import ``module`` of an optional extra, or skip the test module (fail on CI) with the hint.
+
+    Call it at module level, before importing anything that needs the extra.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            raise
+        hint = f"{module} is missing: pip install -e '.[dev,{extra}]' (or make venv)"
+        pytest.skip(f"{hint} ({exc})", allow_module_level=True)
 
 
 @pytest.fixture

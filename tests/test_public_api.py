@@ -14,6 +14,8 @@ MODULES = [
     "gym_sessions.settings",
     "gym_sessions.credentials",
     "gym_sessions.client",
+    "gym_sessions.client.records",
+    "gym_sessions.client.vector_env",
     "gym_sessions.server",
     "gym_sessions.server.agent",
     "gym_sessions.server.policies",

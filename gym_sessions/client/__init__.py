@@ -2,6 +2,7 @@
 
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
 from gym_sessions.client.protocol import EnvDescription
+from gym_sessions.client.records import RolloutRecords, load_jsonl, save_jsonl, to_dataframe
 from gym_sessions.client.remote_env import RemoteEnv
 from gym_sessions.client.rollouts import run_episodes
 from gym_sessions.client.vector_env import RemoteVectorEnv
@@ -14,5 +15,9 @@ __all__ = [
     "RemoteEnv",
     "RemoteVectorEnv",
     "ReplyTimeoutError",
+    "RolloutRecords",
+    "load_jsonl",
     "run_episodes",
+    "save_jsonl",
+    "to_dataframe",
 ]

@@ -26,6 +26,8 @@ from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 from tqdm import tqdm
 
 from gym_sessions._registration import REMOTE_ENV_ID
+from gym_sessions.client.records import RolloutRecords
+from gym_sessions.client.vector_env import sub_env_info
 
 __all__ = ["Agent", "run_episodes"]
 
@@ -49,8 +51,12 @@ def run_episodes(
     progress: bool = True,
     headers: Mapping[str, str] | None = None,
     **make_kwargs: Any,
-) -> list[dict[str, Any]]:
+) -> RolloutRecords:
     """Run ``episodes`` episodes of ``policy``; returns one record per step (module docstring).
+
+    The records are a list (`RolloutRecords`) that also holds the env's
+    single observation and action spaces, so ``records.save_jsonl(path)`` and
+    ``records.to_dataframe()`` work as they are (`gym_sessions.client.records`).
 
     Example:
         >>> records = run_episodes(url, lambda obs: int(obs[2] > 0), episodes=20, num_envs=8)
@@ -92,19 +98,6 @@ def run_episodes(
     return _Rollout(env, policy, seed).run(episodes, progress)
 
 
-def _sub_info(infos: dict[str, Any], index: int) -> dict[str, Any]:
-    """Sub-env ``index``'s part of a vector env's merged info dict."""
-    info: dict[str, Any] = {}
-    for key, value in infos.items():
-        if key.startswith("_"):
-            continue
-        mask = infos.get(f"_{key}")
-        if mask is not None and not mask[index]:
-            continue
-        info[key] = _sub_info(value, index) if isinstance(value, dict) else value[index]
-    return info
-
-
 def _detach(value: Any) -> Any:
     return value.copy() if isinstance(value, np.ndarray) else deepcopy(value)
 
@@ -128,16 +121,19 @@ class _Rollout:
         workers = getattr(self.vector.unwrapped, "workers", None)
         return list(workers) if workers is not None else [None] * self.vector.num_envs
 
-    def run(self, episodes: int, progress: bool) -> list[dict[str, Any]]:
+    def run(self, episodes: int, progress: bool) -> RolloutRecords:
         vector, n = self.vector, self.vector.num_envs
         observations, infos = vector.reset(seed=self.seed)
-        env_infos = [_sub_info(infos, i) for i in range(n)]
+        env_infos = [sub_env_info(infos, i) for i in range(n)]
         workers = self._workers()
         episode_of = [i if i < episodes else -1 for i in range(n)]
         started = min(n, episodes)
         step_of = [0] * n
         resetting = np.zeros(n, dtype=np.bool_)  # NEXT_STEP: the next step only resets
-        records: list[dict[str, Any]] = []
+        records = RolloutRecords(
+            observation_space=vector.single_observation_space,
+            action_space=vector.single_action_space,
+        )
         finished = 0
         with tqdm(total=episodes, unit="episode", disable=not progress) as bar:
             while finished < episodes:
@@ -151,7 +147,7 @@ class _Rollout:
                 batch: Any = create_empty_array(vector.single_action_space, n)
                 batch = concatenate(vector.single_action_space, actions, batch)
                 observations, rewards, terminations, truncations, infos = vector.step(batch)
-                env_infos = [_sub_info(infos, i) for i in range(n)]
+                env_infos = [sub_env_info(infos, i) for i in range(n)]
                 ended = np.logical_and(np.logical_or(terminations, truncations), ~resetting)
                 for i in range(n):
                     if resetting[i] or episode_of[i] < 0:
@@ -183,5 +179,5 @@ class _Rollout:
                 elif self.mode == AutoresetMode.DISABLED and ended.any() and finished < episodes:
                     observations, reset_infos = vector.reset(options={"reset_mask": ended})
                     for i in np.flatnonzero(ended).tolist():
-                        env_infos[i] = _sub_info(reset_infos, i)
+                        env_infos[i] = sub_env_info(reset_infos, i)
         return records

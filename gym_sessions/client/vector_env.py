@@ -37,7 +37,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any, TypeVar
 
@@ -49,7 +49,7 @@ from gym_sessions.client.async_remote_env import AsyncRemoteEnv
 from gym_sessions.client.protocol import EnvDescription
 from gym_sessions.errors import SessionGoneError
 
-__all__ = ["RemoteVectorEnv"]
+__all__ = ["RemoteVectorEnv", "sub_env_info"]
 
 T = TypeVar("T")
 
@@ -412,16 +412,50 @@ class RemoteVectorEnv(VectorEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call a method of every sub-env, awaiting coroutine methods concurrently."""
-        results = [getattr(env, name)(*args, **kwargs) for env in self.envs]
-        pending = [(i, r) for i, r in enumerate(results) if asyncio.iscoroutine(r)]
-        for (i, _), value in zip(pending, self._call_all(pending), strict=True):
-            results[i] = value
+        return self.call_on(range(self.num_envs), name, *args, **kwargs)
+
+    def call_on(
+        self, indices: Iterable[int], name: str, *args: Any, **kwargs: Any
+    ) -> tuple[Any, ...]:
+        """Call a method of the sub-envs at ``indices`` (in that order), as `call` does.
+
+        Example:
+            >>> envs.unwrapped.call_on([0, 2], "verify")  # /verify of sub-envs 0 and 2
+        """
+        chosen = list(indices)
+        results = [getattr(self.envs[i], name)(*args, **kwargs) for i in chosen]
+        pending = [(k, r) for k, r in enumerate(results) if asyncio.iscoroutine(r)]
+        awaited = self._call_all([(chosen[k], r) for k, r in pending])
+        for (k, _), value in zip(pending, awaited, strict=True):
+            results[k] = value
         return tuple(results)
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every session (best effort, concurrently) and stop the event loop thread."""
         if self._close_at_exit.detach() is not None:
             _close_and_stop(self._loop, self.envs, timeout=None)
+
+
+def sub_env_info(infos: dict[str, Any], index: int) -> dict[str, Any]:
+    """Sub-env ``index``'s part of a vector env's merged info dict (undoes ``_add_info``).
+
+    Keys whose ``_key`` mask is false for ``index`` are left out; nested dicts
+    (``final_info``) are split the same way. Values come back as the merged
+    arrays hold them (``np.int64`` for an int, say).
+
+    Example:
+        >>> obs, infos = envs.reset(seed=0)
+        >>> sub_env_info(infos, 3)  # what sub-env 3's own reset returned as info
+    """
+    info: dict[str, Any] = {}
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        mask = infos.get(f"_{key}")
+        if mask is not None and not mask[index]:
+            continue
+        info[key] = sub_env_info(value, index) if isinstance(value, dict) else value[index]
+    return info
 
 
 def _reset_mask(options: dict[str, Any] | None, num_envs: int) -> np.ndarray | None:

@@ -11,13 +11,11 @@ calls ``env.close()`` once.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -38,6 +36,7 @@ from gym_sessions.spaces import (
     value_from_json,
     value_to_json,
 )
+from gym_sessions.spaces.values import to_jsonable
 
 __all__ = ["GymEnvServer", "to_jsonable"]
 
@@ -60,23 +59,6 @@ class _ServedEnv:
     episode_return: float = 0.0
     episode_length: int = 0
     observation: Any = None  # the latest observation, as JSON
-
-
-def to_jsonable(value: Any) -> Any:
-    """``value`` (an info dict, metadata) as JSON: arrays to lists, non-finite floats to strings."""
-    if isinstance(value, dict):
-        return {str(key): to_jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_jsonable(item) for item in value]
-    if isinstance(value, np.ndarray):
-        return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return to_jsonable(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return repr(value)
 
 
 def _call_env(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

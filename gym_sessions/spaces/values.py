@@ -23,6 +23,7 @@ An empty stacked value is ``[]`` and decodes to what ``create_empty_array(featur
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -53,7 +54,7 @@ from gym_sessions.spaces._codec import (
     list_from_json,
 )
 
-__all__ = ["value_from_json", "value_to_json"]
+__all__ = ["to_jsonable", "value_from_json", "value_to_json"]
 
 _ARRAY_SPACES = (Box, Discrete, MultiDiscrete, MultiBinary)
 
@@ -409,3 +410,31 @@ def value_from_json(space: Space[Any], data: Any) -> Any:
         raise
     except WRAPPED_ERRORS as exc:
         raise SpaceCodecError(f"$: invalid value for {space!r:.80}: {exc!r}") from exc
+
+
+def to_jsonable(value: Any) -> Any:
+    """Data that has no space (an info dict, metadata) as JSON, the way replies carry it.
+
+    Dicts (keys made strings), lists and tuples are walked; arrays become lists
+    and numpy scalars Python scalars; a non-finite float becomes ``"inf"``,
+    ``"-inf"`` or ``"nan"`` as in `value_to_json`; anything else is its ``repr``.
+    Unlike `value_to_json` this cannot be undone exactly (a tuple comes back as a
+    list, an array as nested lists): with a space, use `value_to_json`.
+
+    Example:
+        >>> to_jsonable({"x": np.float32(0.5), "hit": np.array([1, 2]), "t": (1, math.inf)})
+        {'x': 0.5, 'hit': [1, 2], 't': [1, 'inf']}
+    """
+    if isinstance(value, dict):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return to_jsonable(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return repr(value)

@@ -36,6 +36,7 @@ import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.client import AsyncRemoteEnv, RemoteEnv, RemoteVectorEnv, run_episodes
 from gym_sessions.errors import HTTPError
 from gym_sessions.server.process import ServerProcess
+from tests.conftest import import_extra_or_skip
 
 pytestmark = pytest.mark.e2e
 
@@ -467,10 +468,9 @@ def test_gymnasium_check_env_with_render_check_passes_after_close(serve, monkeyp
 
 
 def test_stable_baselines3_check_env_with_render_check(serve, monkeypatch):
-    try:
-        from stable_baselines3.common.env_checker import check_env as sb3_check_env
-    except ImportError:
-        pytest.skip("stable_baselines3 is not installed (not a dependency of gym-sessions)")
+    # The sb3 extra (make venv installs it): skipped without it, failed on CI.
+    env_checker = import_extra_or_skip("stable_baselines3.common.env_checker", "sb3")
+    sb3_check_env = env_checker.check_env
     for name, value in HEADLESS.items():
         monkeypatch.setenv(name, value)
     server = serve("CartPole-v1", workers=2)

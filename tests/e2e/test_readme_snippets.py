@@ -11,7 +11,9 @@ A Python block's first line says what it is, so nothing is skipped silently:
   with the server's URL and changes nothing else, runs the block as a script
   in a subprocess and expects exit status 0 and no traceback.
 
-Any other Python block fails. A bash block starts its own servers: it runs
+Any other Python block fails. A block that imports the library of an optional
+extra (``stable_baselines3``: ``sb3``) skips with the install command when it
+is missing, and fails on CI. A bash block starts its own servers: it runs
 with its ports (8000-8099) moved to free ones, in a process group of its own
 that is stopped by its id afterwards.
 """
@@ -34,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from gym_sessions.server.process import ServerProcess, start_server
+from tests.conftest import import_extra_or_skip
 
 pytestmark = pytest.mark.e2e
 
@@ -42,6 +45,8 @@ README_URL = "http://127.0.0.1:8000"
 SERVER_LINE = "# server: "
 MODULE_LINE = re.compile(r"# (?P<module>[A-Za-z_]\w*)\.py")
 SNIPPET_TIMEOUT = 180.0
+#: Libraries of optional extras that README blocks import, and their extras.
+EXTRA_LIBRARIES = {"stable_baselines3": "sb3", "pandas": "pandas"}
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,9 @@ def test_python_block_runs(block: Block, module_dir: Path, server_for, tmp_path:
             f"'{SERVER_LINE}gym-sessions serve ...' or '# NAME.py' (a module to save)"
         )
     assert README_URL in block.code, f"the snippet should talk to {README_URL}"
+    for library, extra in EXTRA_LIBRARIES.items():
+        if re.search(rf"^\s*(from|import) {library}\b", block.code, flags=re.MULTILINE):
+            import_extra_or_skip(library, extra)
     server = server_for(ServeCommand.parse(block.first_line))
     script = tmp_path / f"readme_line{block.line}.py"
     script.write_text(block.code.replace(README_URL, server.url))
