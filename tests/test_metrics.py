@@ -265,6 +265,7 @@ async def test_only_get_reads_the_page_and_metrics_off_removes_it():
     posted = await asgi_get(app, "/metrics", method="POST")
     assert posted.status == 405
     assert posted.json()["error"]["code"] == "method_not_allowed"
+    assert posted.headers[b"allow"] == b"GET"
     off = counter_app(metrics=False)
     assert off.metrics is None
     gone = await asgi_get(off, "/metrics")
@@ -354,3 +355,29 @@ def test_status_table_rows_exited_workers_and_totals():
     assert lines[1].split() == ["10-a", "10", "3", "7", "50", "10", "2", "0", "2.00", "ms"]
     assert lines[3].split() == ["(exited:", "1)", "-", "-", "10", "2", "0", "0", "-"]
     assert lines[4].split() == ["total", "4", "9", "80", "27", "2", "4", "2.00", "ms"]
+
+
+# The shared directory ------------------------------------------------------------------------
+
+
+def test_only_gone_processes_lose_their_live_gauges(tmp_path):
+    import os
+
+    from gym_sessions.metrics import MetricsDirectory
+
+    directory = MetricsDirectory(str(tmp_path))
+    gone_pid = 4_194_305  # above the largest pid_max Linux allows: never a process
+    names = [
+        f"gauge_livesum_{os.getpid()}.db",
+        f"gauge_liveall_{gone_pid}.db",
+        f"gauge_livesum_{gone_pid}.db",
+        f"counter_{gone_pid}.db",
+        f"histogram_{gone_pid}.db",
+    ]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert directory.forget_exited_workers() == [gone_pid]
+    # A gone worker's counts stay in the totals; only its live gauges go.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [names[0], f"counter_{gone_pid}.db", f"histogram_{gone_pid}.db"]
+    )

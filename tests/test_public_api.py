@@ -22,6 +22,8 @@ MODULES = [
     "gym_sessions.routing.owned_claims",
     "gym_sessions.routing.forwarder",
     "gym_sessions.server_process",
+    "gym_sessions.metrics",
+    "gym_sessions.metrics.status",
 ]
 
 

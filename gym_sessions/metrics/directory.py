@@ -72,20 +72,24 @@ class MetricsDirectory:
         """Whether this process records into this directory (it inherited `export`)."""
         return os.environ.get(MULTIPROC_ENV) == self.path
 
+    def forget_pid(self, pid: int) -> None:
+        """Remove the live-gauge files of process ``pid`` (gone, or a pid now reused)."""
+        from prometheus_client.multiprocess import mark_process_dead
+
+        # Another worker answering /metrics at the same moment may remove them first.
+        with contextlib.suppress(FileNotFoundError):
+            mark_process_dead(pid, self.path)
+
     def forget_exited_workers(self) -> list[int]:
         """Remove the live-gauge files of processes that are gone; returns their pids.
 
         Their counters and histograms stay: they are part of the totals.
         """
-        from prometheus_client.multiprocess import mark_process_dead
-
         gone = set()
         for path in glob.glob(os.path.join(self.path, "gauge_live*_*.db")):
             match = _LIVE_GAUGE_FILE.fullmatch(os.path.basename(path))
             if match is not None and not _running(int(match.group(1))):
                 gone.add(int(match.group(1)))
         for pid in gone:
-            # Another worker answering /metrics at the same moment may remove them first.
-            with contextlib.suppress(FileNotFoundError):
-                mark_process_dead(pid, self.path)
+            self.forget_pid(pid)
         return sorted(gone)

@@ -81,7 +81,9 @@ class MetricsMiddleware:
             self.access.check(scope)
         except HTTPError as error:
             if isinstance(error, InvalidTokenError):
-                send = _with_challenge(send)
+                send = _with_header(send, (b"www-authenticate", b'Bearer realm="gym-sessions"'))
+            elif isinstance(error, MethodNotAllowedError):
+                send = _with_header(send, (b"allow", b"GET"))
             await send_error(send, error)
             return
         # File reads of every worker's metrics: off the event loop.
@@ -100,11 +102,10 @@ class MetricsMiddleware:
         await send({"type": "http.response.body", "body": page})
 
 
-def _with_challenge(send: Send) -> Send:
-    async def send_challenge(message: Message) -> None:
+def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:
+    async def send_with_header(message: Message) -> None:
         if message["type"] == "http.response.start":
-            challenge = (b"www-authenticate", b'Bearer realm="gym-sessions metrics"')
-            message["headers"] = [*message.get("headers", []), challenge]
+            message["headers"] = [*message.get("headers", []), header]
         await send(message)
 
-    return send_challenge
+    return send_with_header
