@@ -109,7 +109,7 @@ class Load:
 
 
 def test_four_workers_report_exactly_the_load_whichever_worker_answers(serve):
-    server = serve(COUNTER, "--debug-worker-header", "--session-idle-timeout", "5", workers=4)
+    server = serve(COUNTER, "--debug-worker-header", "--session-idle-timeout", "6", workers=4)
     episodes = make_episodes(16, seed=19)
     steps_reached = 0  # /step calls that reached the tool's handler
 
@@ -156,7 +156,8 @@ def test_four_workers_report_exactly_the_load_whichever_worker_answers(serve):
                     "unmatched", path=f"/no-such-{uuid.uuid4().hex}", method="GET"
                 )
                 assert status == 404
-            await asyncio.sleep(max(0.0, idled_since + 7.0 - time.monotonic()))
+            # Idle 6 s, then found by the sweep (every second): expired well within 9 s.
+            await asyncio.sleep(max(0.0, idled_since + 9.0 - time.monotonic()))
             status, data, _, _ = await load.call("/step", body={"action": 1}, cookie=idle_cookie)
             assert (status, data["error"]["code"]) == (410, "session_expired")
             # Three sessions left open, and two MCP tool calls on one of them.
@@ -280,6 +281,10 @@ def test_random_paths_add_no_label_values(serve):
                     await reply.read()
 
     asyncio.run(main())
+    (runtime_dir,) = server.runtime_dirs()
+    metrics_dir = os.path.join(runtime_dir, "metrics")
+    assert os.stat(metrics_dir).st_mode & 0o777 == 0o700  # like the rest of the runtime dir
+    assert os.listdir(metrics_dir)
     page = samples(server.url)
     routes = {s.labels["route"] for s in page if s.name == "gym_sessions_requests_total"}
     assert routes <= {"unmatched", "/rollouts/{rollout_id}/step", "/health", "/metrics"}
