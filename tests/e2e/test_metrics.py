@@ -269,6 +269,42 @@ def test_a_sigkilled_worker_leaves_totals_whole_and_the_page_answering(serve):
     assert refusals[("410",)] == 1
 
 
+def test_a_reload_keeps_the_old_generations_counts(serve):
+    server = serve(COUNTER, workers=2)
+
+    async def play_some(seed: int) -> None:
+        from envs.counter_load import play
+
+        async with client_session() as client:
+            for e in make_episodes(4, seed=seed):
+                assert (await play(client, server.url, e)).reward == 1.0
+
+    asyncio.run(play_some(1))
+    before = samples(server.url)
+    old = set(by_labels(before, "gym_sessions_worker_info", "worker"))
+    served_before = by_labels(before, "gym_sessions_worker_requests_total", "worker")
+    server.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        live = set(by_labels(samples(server.url), "gym_sessions_worker_info", "worker"))
+        if len(live) == 2 and not live & old:
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"the new generation did not replace {old}: live {live}")
+    served_gone = by_labels(samples(server.url), "gym_sessions_worker_requests_total", "worker")
+    asyncio.run(play_some(2))
+    after = samples(server.url)
+    served_after = by_labels(after, "gym_sessions_worker_requests_total", "worker")
+    for worker, count in served_before.items():
+        # The drained workers' counts stay (they took scrapes until they stopped
+        # accepting), unchanged once they are gone.
+        assert served_gone[worker] >= count
+        assert served_after[worker] == served_gone[worker]
+    steps = by_labels(after, "gym_sessions_tool_call_seconds_count", "worker")
+    assert sum(v for (w,), v in steps.items() if (w,) not in old) > 0  # the new ones served
+
+
 def test_random_paths_add_no_label_values(serve):
     server = serve(COUNTER, workers=2)
 
