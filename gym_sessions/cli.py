@@ -483,7 +483,7 @@ def _parser() -> argparse.ArgumentParser:
     status_cmd.add_argument(
         "--token-file",
         metavar="PATH",
-        help="file holding the server's metrics token (its --metrics-token-file)",
+        help="file holding the metrics token the server was started with",
     )
 
     demo_cmd = commands.add_parser("demo", help="serve the counter env and run episodes against it")
