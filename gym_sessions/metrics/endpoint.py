@@ -1,5 +1,9 @@
 """`MetricsMiddleware`: counts every public request and answers ``GET /metrics``.
 
+``GET /metrics`` is the framework's, before any route of the server; other
+methods on that path reach the server's routes like any request (404 unless
+the server has such a route, a tool named ``metrics`` say).
+
 Pure ASGI and outermost in a worker's stack (outside `SessionRouter`), so
 ``/metrics`` needs no session id, claim or store call, and every request is
 counted once, by the worker that accepted it, whatever the router did with it.
@@ -13,7 +17,7 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_sessions.errors import HTTPError, InvalidTokenError, MethodNotAllowedError
+from gym_sessions.errors import HTTPError, InvalidTokenError
 from gym_sessions.metrics.access import MetricsAccess
 from gym_sessions.metrics.recorder import CONTENT_TYPE, WorkerMetrics
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
@@ -66,7 +70,9 @@ class MetricsMiddleware:
             await send(message)
 
         try:
-            if scope["path"] == METRICS_PATH:
+            # GET only: another method passes on, so a server's own tool named
+            # "metrics" (POST /metrics) still reaches its route.
+            if scope["path"] == METRICS_PATH and scope["method"] == "GET":
                 await self._answer(scope, send_counted)
             else:
                 await self.app(scope, receive, send_counted)
@@ -76,14 +82,10 @@ class MetricsMiddleware:
 
     async def _answer(self, scope: Scope, send: Send) -> None:
         try:
-            if scope["method"] != "GET":
-                raise MethodNotAllowedError(f"{scope['method']} is not allowed on {METRICS_PATH}")
             self.access.check(scope)
         except HTTPError as error:
             if isinstance(error, InvalidTokenError):
                 send = _with_header(send, (b"www-authenticate", b'Bearer realm="gym-sessions"'))
-            elif isinstance(error, MethodNotAllowedError):
-                send = _with_header(send, (b"allow", b"GET"))
             await send_error(send, error)
             return
         # File reads of every worker's metrics: off the event loop.
