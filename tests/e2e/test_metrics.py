@@ -5,7 +5,8 @@ request, so many are forwarded, plus deliberate 409s, a 410, 404s and MCP tool
 calls) must come back *exactly* from ``/metrics``, whichever worker answers;
 ``--debug-worker-header`` tells the test which worker forwarded or served each
 reply, so even the per-worker figures are known. A SIGKILLed worker must not
-make a total go backwards, nor the page fail. Random paths must not add label
+make a total go backwards, nor the page fail; nor must a reload (SIGHUP) that
+replaces the whole generation. Random paths must not add label
 values. The access rule is tried with a token and with ``--metrics off`` (a
 non-loopback client is tried in process, ``tests/test_metrics.py``: the only
 addresses tests may reach here are loopback ones).
