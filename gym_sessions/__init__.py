@@ -56,6 +56,7 @@ from gym_sessions.errors import (
     SessionExpiredError,
     SessionGoneError,
     StartupError,
+    StatusError,
 )
 
 try:
@@ -95,6 +96,7 @@ __all__ = [
     "SessionExpiredError",
     "SessionGoneError",
     "StartupError",
+    "StatusError",
     "__version__",
     "register_envs",
     "run_episodes",

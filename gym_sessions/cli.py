@@ -1,4 +1,4 @@
-"""The ``gym-sessions`` command: ``serve`` a target, ``reload`` a server, or run the ``demo``.
+"""The ``gym-sessions`` command: ``serve``, ``reload``, ``status`` of a server, and the ``demo``.
 
 Every string shown by ``--help`` is plain text (no reStructuredText markup):
 ``tests/e2e/test_cli.py`` checks it.
@@ -19,14 +19,20 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gym_sessions.errors import StartupError
+from gym_sessions.errors import StartupError, StatusError
 from gym_sessions.non_dumpable import make_process_non_dumpable
-from gym_sessions.secret_source import COMMAND_LINE_SECRET_REFUSAL, server_secret
+from gym_sessions.secret_source import (
+    COMMAND_LINE_SECRET_REFUSAL,
+    read_secret_file,
+    server_secret,
+)
 from gym_sessions.settings import SECRET_ENV, Settings
 
 __all__ = ["main"]
 
 EXIT_STARTUP_FAILURE = 2
+#: ``status`` could not read the server's page (unreachable, refused).
+EXIT_STATUS_FAILURE = 1
 
 DESCRIPTION = (
     "Serve Gymnasium environments over HTTP from several worker processes, each session "
@@ -105,6 +111,7 @@ def serve(
     """
     import uvicorn
 
+    from gym_sessions.metrics.directory import MetricsDirectory
     from gym_sessions.routing.runtime_dir import RuntimeDirectory
     from gym_sessions.server.base import SessionServer
     from gym_sessions.server.http_protocol import BoundedHttpProtocol
@@ -124,13 +131,21 @@ def serve(
         check_redis(settings.claims)
     sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
-    if settings.routed:
-        # Claims and private sockets (file claims), and the workers' shutdown
-        # marks (every routed server).
+    supervised = settings.workers > 1 or settings.routed
+    if supervised:
+        # Claims and private sockets (file claims), the workers' shutdown marks
+        # (every routed server), and the metrics files (every supervised server).
         RuntimeDirectory.remove_abandoned()  # left by servers whose supervisor was killed
-    runtime_dir = RuntimeDirectory.create() if settings.routed else None
+    runtime_dir = RuntimeDirectory.create() if supervised else None
+    metrics_dir = None
     if runtime_dir is not None:
         settings = settings.replace(runtime_dir=runtime_dir.path)
+        if settings.metrics:
+            # Before any worker starts: each inherits it and records into the
+            # shared files, so any worker's /metrics adds all of them up.
+            metrics_dir = MetricsDirectory.of(runtime_dir.path)
+            metrics_dir.create()
+            metrics_dir.export()
     config = WorkerConfig(
         WorkerSpec(target, settings),
         http=functools.partial(
@@ -158,7 +173,7 @@ def serve(
     if pid_file is not None:
         _write_pid_file(pid_file)
     try:
-        if settings.workers > 1 or settings.routed:
+        if supervised:
             Supervisor(config, [sock], settings.drain_timeout).run()
         else:
             # One worker serving in-process: nothing to reload into; say so
@@ -170,6 +185,8 @@ def serve(
         pass
     finally:
         sock.close()
+        if metrics_dir is not None:
+            metrics_dir.unexport()
         if runtime_dir is not None:
             runtime_dir.remove()
         if pid_file is not None:
@@ -405,6 +422,21 @@ def _parser() -> argparse.ArgumentParser:
         help="let servers that run client code (envs.python_repl) run it without their "
         "sandbox when not root (see README 'Security')",
     )
+    metrics = serve_cmd.add_argument_group("metrics (README 'Metrics')")
+    metrics.add_argument(
+        "--metrics",
+        choices=["on", "off"],
+        default="on",
+        help="GET /metrics in the Prometheus text format, the totals of all workers; off: no "
+        "page and nothing recorded (default on)",
+    )
+    metrics.add_argument(
+        "--metrics-token-file",
+        metavar="PATH",
+        help="file holding a token (mode 0600, one line of at least 32 characters): every "
+        "client of /metrics must send Authorization: Bearer <token>, from anywhere (default: "
+        "no token, loopback clients only; behind a proxy every client looks local)",
+    )
     serve_cmd.add_argument(
         "--debug-worker-header",
         action="store_true",
@@ -425,6 +457,28 @@ def _parser() -> argparse.ArgumentParser:
     reload_target.add_argument("--pid-file", metavar="PATH", help="the server's --pid-file")
     reload_target.add_argument("--pid", type=int, help="the supervisor's pid")
 
+    status_cmd = commands.add_parser(
+        "status",
+        help="a running server's workers and totals, from its /metrics",
+        description="Print a table of a running server's live workers (id, pid, open "
+        "sessions, claims, requests, forwarded, 409s, 410s, estimated step p50), the workers "
+        "that exited, and the totals, read from GET URL/metrics.",
+    )
+    status_cmd.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:8000")
+    status_cmd.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C",
+    )
+    status_cmd.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="file holding the metrics token the server was started with",
+    )
+
     demo_cmd = commands.add_parser("demo", help="serve the counter env and run episodes against it")
     demo_cmd.add_argument("--workers", type=int, default=4, help="server workers (default 4)")
     demo_cmd.add_argument("--episodes", type=int, default=200, help="episodes (default 200)")
@@ -443,7 +497,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command_line_secret is not None:
                 raise StartupError(COMMAND_LINE_SECRET_REFUSAL)
             env_kwargs = None if args.env_kwargs is None else _parse_env_kwargs(args.env_kwargs)
+            if args.metrics == "off" and args.metrics_token_file is not None:
+                raise StartupError("--metrics-token-file has no use with --metrics off")
             _make_non_dumpable()  # before the secret is read into this process
+            metrics_token = ""
+            if args.metrics_token_file is not None:
+                metrics_token = read_secret_file(args.metrics_token_file, "metrics token")
             settings = Settings(
                 secret=server_secret(args.secret_file) or "",  # "": random per start
                 host=args.host,
@@ -467,10 +526,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 header_timeout=args.header_timeout,
                 graceful_timeout=args.graceful_timeout,
                 drain_timeout=args.drain_timeout,
+                metrics=args.metrics == "on",
+                metrics_token=metrics_token,
             )
             serve(args.target, settings, args.log_level, args.pid_file, env_kwargs)
         elif args.command == "reload":
             reload_server(args.pid_file, args.pid)
+        elif args.command == "status":
+            return _status(args.url, args.token_file, args.watch)
         else:
             from gym_sessions.demo import run_demo
 
@@ -478,7 +541,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StartupError, ValueError) as exc:
         print(f"gym-sessions: error: {exc}", file=sys.stderr)
         return EXIT_STARTUP_FAILURE
+    except StatusError as exc:
+        print(f"gym-sessions: error: {exc}", file=sys.stderr)
+        return EXIT_STATUS_FAILURE
     return 0
+
+
+def _status(url: str, token_file: str | None, watch: float | None) -> int:
+    from gym_sessions.metrics.status import run_status
+
+    if watch is not None and watch <= 0:
+        raise StartupError("--watch needs a positive number of seconds")
+    token = read_secret_file(token_file, "metrics token") if token_file is not None else None
+    return run_status(url, token, watch)
 
 
 if __name__ == "__main__":

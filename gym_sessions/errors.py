@@ -5,6 +5,7 @@
      ├── ServerUnreachableError     the client cannot connect to the server
      ├── ConnectionLostError        the connection broke before the reply arrived
      ├── ReplyTimeoutError          no reply within the client's timeout
+     ├── StatusError                ``gym-sessions status`` cannot read ``/metrics``
      └── HTTPError                  an error with a status and a JSON body
           ├── InvalidRequestError       400 invalid_request
           │    ├── InvalidJSONError     400 invalid_json
@@ -66,6 +67,7 @@ __all__ = [
     "SessionExpiredError",
     "SessionGoneError",
     "StartupError",
+    "StatusError",
     "error_body",
     "error_from_body",
     "error_headers",
@@ -80,6 +82,10 @@ class GymSessionsError(Exception):
 
 class StartupError(GymSessionsError):
     """The server cannot start: a bad target, a port in use, a bad setting."""
+
+
+class StatusError(GymSessionsError):
+    """``gym-sessions status`` cannot read the server's ``/metrics`` (unreachable, refused)."""
 
 
 class ServerUnreachableError(GymSessionsError, ConnectionError):

@@ -46,48 +46,54 @@ COMMAND_LINE_SECRET_REFUSAL = (
 )
 
 
-def read_secret_file(path: str) -> str:
+def read_secret_file(path: str, kind: str = "secret") -> str:
     """The secret held in the file at ``path``, without its trailing newline.
+
+    Args:
+        path: The file.
+        kind: What the file holds, for error messages (``secret``, ``metrics
+            token``): every such file follows the same rules.
 
     Raises:
         StartupError: the file is missing or unreadable, not a regular file,
             open to group or others, not one line of UTF-8 text, or the secret
             is shorter than `MIN_SECRET_LENGTH` characters.
     """
+    what = f"{kind} file {path}"
     try:
         # O_NONBLOCK: a FIFO given by mistake must not block the start (it is refused below).
         fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError as exc:
-        raise StartupError(f"cannot read secret file {path}: {exc.strerror or exc}") from exc
+        raise StartupError(f"cannot read {what}: {exc.strerror or exc}") from exc
     try:
         # Checked on the open file, so the file read is the file checked.
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise StartupError(f"secret file {path} is not a regular file")
+            raise StartupError(f"{what} is not a regular file")
         if info.st_mode & 0o077:
             raise StartupError(
-                f"secret file {path} is open to group or others (mode "
+                f"{what} is open to group or others (mode "
                 f"{stat.S_IMODE(info.st_mode):04o}); make it private: chmod 600 {path}"
             )
         content = _read_at_most(fd, _MAX_SECRET_FILE_BYTES + 1)
     except OSError as exc:
-        raise StartupError(f"cannot read secret file {path}: {exc.strerror or exc}") from exc
+        raise StartupError(f"cannot read {what}: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
     if len(content) > _MAX_SECRET_FILE_BYTES:
         raise StartupError(
-            f"secret file {path} is larger than {_MAX_SECRET_FILE_BYTES} bytes: "
-            "it should hold the secret on one line"
+            f"{what} is larger than {_MAX_SECRET_FILE_BYTES} bytes: "
+            f"it should hold the {kind} on one line"
         )
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:
-        raise StartupError(f"secret file {path} is not UTF-8 text") from None
+        raise StartupError(f"{what} is not UTF-8 text") from None
     secret = text.removesuffix("\n").removesuffix("\r")
     if "\n" in secret or "\r" in secret:
         # Hosts sharing a secret must read the same value; a second line is a mistake.
-        raise StartupError(f"secret file {path} holds more than one line")
-    _check_length(secret, f"the secret in {path}")
+        raise StartupError(f"{what} holds more than one line")
+    _check_length(secret, f"the {kind} in {path}")
     return secret
 
 

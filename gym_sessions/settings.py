@@ -108,6 +108,13 @@ class Settings:
             (off by default: only for deployments where every client is trusted).
         unsandboxed: Allow servers that run client code (the Python REPL
             example) to run it without their sandbox (off by default).
+        metrics: Answer ``GET /metrics`` and record the operator metrics
+            (`gym_sessions.metrics`); off: neither, no cost per request.
+        metrics_token: When set, ``GET /metrics`` needs ``Authorization:
+            Bearer <metrics_token>`` from every client; unset, it is answered
+            to loopback clients only. ``gym-sessions serve`` reads it from
+            ``--metrics-token-file``; like the secret it travels to workers
+            inside their pickled config only.
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
     """
 
@@ -138,6 +145,8 @@ class Settings:
     session_idle_timeout: float = 3600.0
     trust_session_ids: bool = False
     unsandboxed: bool = False
+    metrics: bool = True
+    metrics_token: str = field(default="", repr=False)
     runtime_dir: str | None = None
 
     def __post_init__(self) -> None:

@@ -26,6 +26,8 @@ MODULES = [
     "gym_sessions.routing.owned_claims",
     "gym_sessions.routing.forwarder",
     "gym_sessions.server.process",
+    "gym_sessions.metrics",
+    "gym_sessions.metrics.status",
 ]
 
 

@@ -243,6 +243,8 @@ class OwnedClaims:
         self._clock = clock
         self._claims: dict[str, _Claim] = {}
         self._release_hooks: list[Callable[[str], None]] = []
+        # Told whenever the number of claims or of live sessions may have changed.
+        self._count_hooks: list[Callable[[], None]] = []
         # Removals from the store that are under way, and ones the store
         # refused (it was unreachable) for the sweep to retry.
         self._removing: dict[str, asyncio.Task[None]] = {}
@@ -258,6 +260,10 @@ class OwnedClaims:
     def on_release(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(session_id)`` whenever a claim of this worker ends."""
         self._release_hooks.append(hook)
+
+    def on_count_change(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` whenever ``len(self)`` or `live_sessions` may have changed."""
+        self._count_hooks.append(hook)
 
     def on_idle(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(session_id)`` when a live session idled out; it must end the session."""
@@ -354,6 +360,7 @@ class OwnedClaims:
                     incarnation=incarnation or Incarnation(),
                     expiry=StoreExpiry.UNKNOWN if adopted else StoreExpiry.HELD,
                 )
+                self._counts_changed()
             return None
         return other
 
@@ -531,12 +538,23 @@ class OwnedClaims:
                 stack_info=True,
             )
             return False
-        if new.live != claim.state.live:
+        changed = new.live != claim.state.live
+        if changed:
             self._live += 1 if new.live else -1
         claim.state = new
         if new is ClaimState.ENDED and self._claims.get(session_id) is claim:
             del self._claims[session_id]
+            changed = True
+        if changed:
+            self._counts_changed()
         return True
+
+    def _counts_changed(self) -> None:
+        for hook in self._count_hooks:
+            try:
+                hook()
+            except Exception:  # a metrics failure must not break a claim's change
+                logger.exception("a claim count hook failed")
 
     def _release(self, session_id: str, claim: _Claim, event: ClaimEvent) -> bool:
         """End the claim on ``event``: out of memory, out of the store, state released."""

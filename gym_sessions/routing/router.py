@@ -24,6 +24,7 @@ nothing, so ids, cookies, conflicts and lifetimes behave the same.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import random
 import time
@@ -70,7 +71,15 @@ from gym_sessions.routing.session_ids import (
     route_path,
 )
 
-__all__ = ["FORWARDED_BY_HEADER", "NO_ROOM_HEADER", "WORKER_HEADER", "SessionRouter", "send_error"]
+__all__ = [
+    "FORWARDED_BY_HEADER",
+    "NO_ROOM_HEADER",
+    "SERVED_SCOPE_KEY",
+    "WORKER_HEADER",
+    "Served",
+    "SessionRouter",
+    "send_error",
+]
 
 logger = logging.getLogger("gym_sessions.routing")
 
@@ -78,6 +87,25 @@ WORKER_HEADER = b"x-gym-worker"
 FORWARDED_BY_HEADER = b"x-gym-forwarded-by"
 #: On a private hop's 503: this worker is full, ask another (never reaches a client).
 NO_ROOM_HEADER = b"x-gym-no-room"
+
+
+class Served(enum.Enum):
+    """Where the reply to a request accepted on the public listener came from.
+
+    The router records it in the request's scope (`SERVED_SCOPE_KEY`; absent
+    means `LOCAL`) for the operator metrics (`gym_sessions.metrics`).
+    """
+
+    #: This worker's app, or this worker's own error reply (410 for a gone holder included).
+    LOCAL = "local"
+    #: Another worker, over its private listener (§3.10).
+    FORWARDED = "forwarded"
+    #: Reserved for the session handover of a later change (a session moved to
+    #: this worker on the way); nothing records it yet, its series stays 0.
+    HANDED_OVER = "handed_over"
+
+
+SERVED_SCOPE_KEY = "gym_sessions.served"
 
 
 class _ClientDisconnected(Exception):
@@ -355,6 +383,7 @@ class SessionRouter:
         """Forward a start to ``worker_id``; False if it had no room (nothing was sent)."""
         assert self.forwarder is not None
         refused = False
+        send = _marking_forwarded(scope, send)  # reached only by a reply the client gets
 
         async def send_unless_refused(message: Message) -> None:
             nonlocal refused
@@ -448,7 +477,7 @@ class SessionRouter:
         if self.worker_header is not None:
             send = _with_header(send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
-            await self.forwarder.forward(holder, scope, body, send)
+            await self.forwarder.forward(holder, scope, body, _marking_forwarded(scope, send))
         except HTTPError as error:
             await self._send_error(scope, send, error)
 
@@ -521,6 +550,17 @@ class SessionRouter:
                 if routed.provisional and not (routed.claims_on_use and routed.used):
                     claims.release_now(sid)  # claimed for this request only, and unused
                 await claims.leave(sid)
+
+
+def _marking_forwarded(scope: Scope, send: Send) -> Send:
+    """``send``, noting in ``scope`` that the reply came from another worker (`Served`)."""
+
+    async def send_forwarded(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            scope[SERVED_SCOPE_KEY] = Served.FORWARDED
+        await send(message)
+
+    return send_forwarded
 
 
 def _with_header(send: Send, header: tuple[bytes, bytes]) -> Send:

@@ -363,7 +363,7 @@ class AgentServer(SessionServer):
         state = self.agent_sessions.pop(sid, None)
         if state is None:
             return
-        self.expired_total += 1
+        self.count_expired()
         self._receipts[sid] = ({"agent_session_id": sid, "outcome": "expired"}, time.monotonic())
         self.claims.mark_open(sid, live=False)  # held by the receipt, as after a close
         task = asyncio.ensure_future(self._release_expired(sid, state))

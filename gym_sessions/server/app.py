@@ -21,8 +21,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount
-from starlette.types import Receive, Scope, Send
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
@@ -32,6 +32,13 @@ from gym_sessions.errors import (
     NotFoundError,
     error_body,
     error_headers,
+)
+from gym_sessions.metrics import (
+    METRICS_PATH,
+    MetricsAccess,
+    MetricsDirectory,
+    MetricsMiddleware,
+    WorkerMetrics,
 )
 from gym_sessions.routing.body_budget import BodyBudget
 from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
@@ -169,6 +176,10 @@ class WorkerApp:
         server.bind(settings, self.claims, self.credentials)
 
         routes = server.routes()
+        self.metrics: WorkerMetrics | None = None
+        if settings.metrics:
+            templates = [route.path for route in routes if isinstance(route, Route)]
+            self.metrics = self._start_metrics(server, templates)
         starlette = Starlette(
             routes=[*routes, Mount("/rollouts/{rollout_id}", routes=routes)],
             middleware=server.middleware(),
@@ -179,7 +190,7 @@ class WorkerApp:
             },
             lifespan=self._lifespan,
         )
-        self.app = SessionRouter(
+        self.router = self.app = SessionRouter(
             SessionCookieMiddleware(
                 starlette, self.credentials, server.sources.cookie_key, self.claims
             ),
@@ -199,6 +210,12 @@ class WorkerApp:
             worker_ids=endpoints.worker_ids if endpoints is not None else None,
             body_budget=BodyBudget(settings.max_inflight_body_bytes),
         )
+        # Outermost: /metrics and the request counts, around the routing rule.
+        self._entry: ASGIApp = self.router
+        if self.metrics is not None:
+            self._entry = MetricsMiddleware(
+                self.router, self.metrics, MetricsAccess(settings.metrics_token)
+            )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
         # Where the workers of this server mark their shutdown (any routed
@@ -208,8 +225,18 @@ class WorkerApp:
         )
         self._leaving = False
 
+    def _start_metrics(self, server: SessionServer, routes: list[str]) -> WorkerMetrics:
+        """This worker's metrics, fed by the server (tools, expiries) and the claims (counts)."""
+        runtime_dir = self.settings.runtime_dir
+        directory = MetricsDirectory.of(runtime_dir) if runtime_dir is not None else None
+        metrics = WorkerMetrics(self.worker_id, [*routes, METRICS_PATH], directory)
+        server.operator_metrics = metrics
+        claims = self.claims
+        claims.on_count_change(lambda: metrics.counts(len(claims), claims.live_sessions))
+        return metrics
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
+        await self._entry(scope, receive, send)
 
     async def startup(self) -> None:
         """Start the claim sweep and, when routing, the private listener (and its registration)."""
@@ -292,7 +319,7 @@ class WorkerApp:
         whole server stops, then until no forwarded request is in flight and
         none came for a moment.
         """
-        router = self.app
+        router = self.router
         deadline = time.monotonic() + self.settings.graceful_timeout
         whole_server_stops = (
             self.coordination is not None

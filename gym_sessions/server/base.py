@@ -8,7 +8,7 @@ both get the worker's settings, claims and credentials through `bind`, answer
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -19,6 +19,9 @@ from gym_sessions.credentials import SessionCredentials
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.session_ids import SessionIdSources
 from gym_sessions.settings import Settings
+
+if TYPE_CHECKING:
+    from gym_sessions.metrics.recorder import WorkerMetrics
 
 __all__ = ["SessionServer"]
 
@@ -41,6 +44,8 @@ class SessionServer:
     credentials: SessionCredentials
     #: Sessions this worker closed because they idled out.
     expired_total: int = 0
+    #: This worker's operator metrics (set by the app factory; None with ``--metrics off``).
+    operator_metrics: WorkerMetrics | None = None
 
     def bind(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
@@ -49,6 +54,12 @@ class SessionServer:
         self.settings = settings
         self.claims = claims
         self.credentials = credentials
+
+    def count_expired(self) -> None:
+        """Count a session this worker closed because it idled out (``/health``, ``/metrics``)."""
+        self.expired_total += 1
+        if self.operator_metrics is not None:
+            self.operator_metrics.session_expired()
 
     def check_settings(self, settings: Settings) -> None:
         """Refuse settings this server cannot run with (raise `StartupError`).

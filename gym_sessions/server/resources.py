@@ -10,6 +10,7 @@ the window, and state is released once, on close or when the claim ends.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -27,6 +28,7 @@ from gym_sessions.routing.session_ids import (
     SESSION_KEY_FIELD,
     IdSource,
     SessionIdSources,
+    route_path,
 )
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
@@ -115,7 +117,8 @@ class ResourcesServer(SessionServer):
     def routes(self) -> list[BaseRoute]:
         """Every route of the server, without the rollout prefix."""
         tools = [
-            replace(tool, handler=self._refusing_closed(tool.handler)) for tool in self.tools()
+            replace(tool, handler=self._refusing_closed(tool.name, tool.handler))
+            for tool in self.tools()
         ]
         starts = [
             Route(path, self._start_route(path), methods=["POST"])
@@ -142,10 +145,19 @@ class ResourcesServer(SessionServer):
                 )
             raise SessionClosedError(f"session {sid!r} is closed")
 
-    def _refusing_closed(self, handler: ToolHandler) -> ToolHandler:
+    def _refusing_closed(self, name: str, handler: ToolHandler) -> ToolHandler:
         async def call(request: Request, arguments: dict[str, Any]) -> dict[str, Any]:
             self.refuse_if_closed(session_id(request))
-            return await handler(request, arguments)
+            metrics = self.operator_metrics
+            if metrics is None:
+                return await handler(request, arguments)
+            # The handler alone (the env's step): routing and the hop are not in it.
+            started = time.perf_counter()
+            try:
+                return await handler(request, arguments)
+            finally:
+                via = "mcp" if route_path(request.scope["path"]) == MCP_PATH else "http"
+                metrics.tool_call(name, via, time.perf_counter() - started)
 
         return call
 
@@ -214,7 +226,7 @@ class ResourcesServer(SessionServer):
         """An open session idled out: close it as its client would have (410 from now on)."""
         self.claims.mark_not_open(sid)
         if self.closed.add(sid, expired=True):
-            self.expired_total += 1
+            self.count_expired()
             self.release_session(sid)
 
     def _end(self, sid: str) -> str:

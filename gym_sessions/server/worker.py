@@ -14,6 +14,7 @@ in-process.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -72,3 +73,20 @@ class WorkerConfig(uvicorn.Config):
         # supervisor set, so the worker sets its own.
         make_process_non_dumpable()
         self.__dict__.update(state)
+        _forget_live_gauges_of_this_pid(self.spec.settings)
+
+
+def _forget_live_gauges_of_this_pid(settings: Settings) -> None:
+    """A worker whose pid an exited worker of this server had must not show that one's gauges.
+
+    prometheus_client names its files by pid and would reopen the earlier
+    process's live-gauge file (its worker would look alive) if no scrape
+    removed it in between. Before the target is imported, so no gauge of this
+    process (the env's own included) exists yet.
+    """
+    from gym_sessions.metrics.directory import MetricsDirectory
+
+    if settings.runtime_dir is not None:
+        directory = MetricsDirectory.of(settings.runtime_dir)
+        if directory.active:
+            directory.forget_pid(os.getpid())

@@ -104,10 +104,11 @@ def test_200_episodes_through_nginx_over_two_hosts_all_score(deploy):
     assert rewards.count(1.0) == EPISODES, [e.error_codes for e in episodes if e.reward != 1.0][:5]
     assert all(status == 200 for e in episodes for status in e.statuses)
     # Sessions live on both hosts (closed ones keep their claim for the window),
-    # so requests really crossed between them.
-    owners = {d.holder(e.session_id) for e in episodes}
-    assert None not in owners
-    assert {d.host_of(owner) for owner in owners} == {0, 1}
+    # so requests really crossed between them. On a loaded machine the batch can
+    # outlast the 2 s window, so the first episodes' claims may be gone already:
+    # the ones still held must span both hosts.
+    holders = {d.holder(e.session_id) for e in episodes} - {None}
+    assert {d.host_of(holder) for holder in holders} == {0, 1}
     # The claimants remove every claim after the window; registrations stay.
     deadline = time.monotonic() + float(WINDOW) + 5
     while any(d.holder(e.session_id) for e in episodes) and time.monotonic() < deadline:

@@ -104,7 +104,7 @@ async def test_an_unexpected_failure_in_routing_is_a_json_500(cluster, monkeypat
     async def broken(session_id):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(c[1].app.claims, "owner", broken)
+    monkeypatch.setattr(c[1].app.claims, "holder", broken)
     cookie = c.cookie_for(new_id())
     reply = await c[1].request("POST", "/touch", cookie=cookie)
     assert reply.status == 500 and reply.json["error"]["code"] == "internal_error"
