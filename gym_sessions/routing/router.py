@@ -15,6 +15,10 @@ For each HTTP request `SessionRouter`:
    claims it when the reply starts, if its handler used the session and the
    reply is no error. If another worker claimed the id meanwhile, the reply is 409.
 
+A client that disconnects before its reply starts cancels the forward or the
+handler (`DisconnectWatch`), except on routes that run to completion (starts,
+closes, ``/verify``).
+
 A request that arrived over a private socket is always served here (over a
 private TCP listener, only with a valid forward signature: `ForwardSigner`). With one
 worker (or routing off) the same steps run against a store that writes
@@ -51,6 +55,7 @@ from gym_sessions.errors import (
     out_of_resources,
 )
 from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
+from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder
 from gym_sessions.routing.owned_claims import OwnedClaims
@@ -176,6 +181,9 @@ class SessionRouter:
             to (``--max-sessions``).
         body_budget: Bytes of request bodies this worker holds at once
             (``--max-inflight-body-bytes``).
+        runs_to_completion: Paths whose handler is not cancelled when its client
+            disconnects (they change a session's lifetime); every other
+            handler, and every forward, is.
     """
 
     def __init__(
@@ -197,8 +205,10 @@ class SessionRouter:
         trust_session_ids: bool = False,
         worker_ids: Callable[[], Awaitable[list[str]]] | None = None,
         body_budget: BodyBudget | None = None,
+        runs_to_completion: Collection[str] = (),
     ) -> None:
         self.app = app
+        self.runs_to_completion = frozenset(runs_to_completion)
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
         self.worker_ids = worker_ids or _no_workers
         # Requests other workers forwarded here: a worker shutting down waits for them.
@@ -269,9 +279,11 @@ class SessionRouter:
             await self._send_error(scope, send, error)
             return
         scope[REQUEST_SESSION_KEY] = routed
+        watch = DisconnectWatch(receive)
         try:
-            await self._route(routed, private, scope, body, receive, send)
+            await self._route(routed, private, scope, body, watch, send)
         finally:
+            watch.close()
             if routed.room is not None:
                 self.claims.give_back_room(routed.room)
             # uvicorn keeps the scope while the connection idles: drop the parsed
@@ -288,7 +300,7 @@ class SessionRouter:
         private: bool,
         scope: Scope,
         body: bytes,
-        receive: Receive,
+        watch: DisconnectWatch,
         send: Send,
     ) -> None:
         sid = routed.session_id
@@ -296,7 +308,7 @@ class SessionRouter:
             if not private and self.forwarder is not None:
                 if routed.claims_first:
                     if routed.starts and not self._take_room(routed):
-                        await self._start_elsewhere(routed, scope, body, send)
+                        await self._start_elsewhere(routed, scope, body, watch, send)
                         return
                     # One store call: claiming answers who holds the id if not us.
                     owner = await self.claims.claim(sid)
@@ -309,7 +321,7 @@ class SessionRouter:
                     if owner is None and routed.source is IdSource.COOKIE:
                         owner = await self._claim_provisionally(routed)
                 if owner is not None and owner != self.claims.worker_id:
-                    await self._forward(owner, scope, body, send, start=routed.starts)
+                    await self._forward(owner, scope, body, watch, send, start=routed.starts)
                     return
             elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
@@ -318,7 +330,7 @@ class SessionRouter:
                 send = _with_header(send, (NO_ROOM_HEADER, b"1"))
             await self._send_error(scope, send, error)
             return
-        await self._serve_here(routed, scope, body, receive, send)
+        await self._serve_here(routed, scope, body, watch, send)
 
     def _take_room(self, routed: RequestSession) -> bool:
         """Reserve room for a session start here (`OwnedClaims.reserve_room`); False if full."""
@@ -326,7 +338,7 @@ class SessionRouter:
         return routed.room is not None
 
     async def _start_elsewhere(
-        self, routed: RequestSession, scope: Scope, body: bytes, send: Send
+        self, routed: RequestSession, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send
     ) -> None:
         """This worker is full: hand the start to the session's holder or a worker with room.
 
@@ -341,16 +353,18 @@ class SessionRouter:
             if owner == self.claims.worker_id:
                 raise _no_room()  # our own claim (not live): its start needs room here
             if owner is not None:
-                await self._forward(owner, scope, body, send, start=True)
+                await self._forward(owner, scope, body, watch, send, start=True)
                 return
         candidates = [w for w in await self.worker_ids() if w != self.claims.worker_id]
         random.shuffle(candidates)
         for candidate in candidates:
-            if await self._offer_start(candidate, scope, body, send):
+            if await self._offer_start(candidate, scope, body, watch, send):
                 return
         raise _no_room()
 
-    async def _offer_start(self, worker_id: str, scope: Scope, body: bytes, send: Send) -> bool:
+    async def _offer_start(
+        self, worker_id: str, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send
+    ) -> bool:
         """Forward a start to ``worker_id``; False if it had no room (nothing was sent)."""
         assert self.forwarder is not None
         refused = False
@@ -368,10 +382,11 @@ class SessionRouter:
         if self.worker_header is not None:
             target = _with_header(target, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
-            await self.forwarder.forward(worker_id, scope, body, target)
+            forward = self.forwarder.forward(worker_id, scope, body, watch.watching(target))
+            await watch.run(forward, cancellable=True)
         except SessionGoneError:
             return False  # a worker that exited has no room either
-        return not refused
+        return not refused or watch.cancelled
 
     async def _claim_here(self, routed: RequestSession) -> str | None:
         """With nobody to forward to: claim what the request names; the other claimant or None.
@@ -437,7 +452,14 @@ class SessionRouter:
         return routed
 
     async def _forward(
-        self, owner: str, scope: Scope, body: bytes, send: Send, *, start: bool = False
+        self,
+        owner: str,
+        scope: Scope,
+        body: bytes,
+        watch: DisconnectWatch,
+        send: Send,
+        *,
+        start: bool = False,
     ) -> None:
         assert self.forwarder is not None
         if start:
@@ -447,12 +469,20 @@ class SessionRouter:
         if self.worker_header is not None:
             send = _with_header(send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
-            await self.forwarder.forward(owner, scope, body, send)
+            # Always cancellable: cancelling the hop closes its connection, and the
+            # claimant decides for its handler as it would for a client of its own.
+            forward = self.forwarder.forward(owner, scope, body, watch.watching(send))
+            await watch.run(forward, cancellable=True)
         except HTTPError as error:
             await self._send_error(scope, send, error)
 
     async def _serve_here(
-        self, routed: RequestSession, scope: Scope, body: bytes, receive: Receive, send: Send
+        self,
+        routed: RequestSession,
+        scope: Scope,
+        body: bytes,
+        watch: DisconnectWatch,
+        send: Send,
     ) -> None:
         sid = routed.session_id
         claims = self.claims
@@ -478,7 +508,7 @@ class SessionRouter:
             if not body_sent:
                 body_sent = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            return await watch.receive()
 
         async def send_claimed(message: Message) -> None:
             nonlocal held, refused
@@ -508,8 +538,11 @@ class SessionRouter:
                 message["headers"] = [*message.get("headers", []), self.worker_header]
             await send(message)
 
+        cancellable = route_path(scope["path"]) not in self.runs_to_completion
         try:
-            await self.app(scope, replay_body, send_claimed)
+            await watch.run(
+                self.app(scope, replay_body, watch.watching(send_claimed)), cancellable=cancellable
+            )
         finally:
             if routed.room is not None:
                 # A start that did not open its session frees its room now, before

@@ -200,6 +200,7 @@ class WorkerApp:
             trust_session_ids=settings.trust_session_ids,
             worker_ids=endpoints.worker_ids if endpoints is not None else None,
             body_budget=BodyBudget(settings.max_inflight_body_bytes),
+            runs_to_completion=server.runs_to_completion_paths,
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
