@@ -2,7 +2,9 @@
 
 Each session keeps a tally of its ``wait`` calls: how many started, finished
 and were cancelled (the router cancels a cancellable handler whose client
-disconnected before its reply). ``tally`` reads it without waiting.
+disconnected before its reply), and how many times its start hook was entered
+(a start body's ``options.start_seconds`` makes the hook await that long).
+``tally`` reads it without waiting.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ WAIT_BODY = BodySchema({"seconds": Field(("number",), required=True)})
 class SlowToolServer(ResourcesServer):
     def __init__(self) -> None:
         self.tallies: dict[str, dict[str, int]] = {}
+        self.start_calls: dict[str, int] = {}
 
     def tools(self) -> list[Tool]:
         return [
@@ -30,7 +33,9 @@ class SlowToolServer(ResourcesServer):
         ]
 
     async def start_session(self, session_id: str, body: dict[str, Any], path: str) -> dict:
-        self.tallies[session_id] = {"started": 0, "finished": 0, "cancelled": 0}
+        calls = self.start_calls[session_id] = self.start_calls.get(session_id, 0) + 1
+        await asyncio.sleep(float((body.get("options") or {}).get("start_seconds", 0)))
+        self.tallies[session_id] = {"started": 0, "finished": 0, "cancelled": 0, "starts": calls}
         return {}
 
     async def _wait(self, request: Request, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -49,3 +54,4 @@ class SlowToolServer(ResourcesServer):
 
     def release_session(self, session_id: str) -> None:
         self.tallies.pop(session_id, None)
+        self.start_calls.pop(session_id, None)
