@@ -10,7 +10,6 @@ official client.
 from __future__ import annotations
 
 import asyncio
-
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass

@@ -276,7 +276,9 @@ class AgentServer(SessionServer):
                 )
             return False
         if sid in self._failed:
-            raise SessionConflictError(f"agent session {sid!r} has a failed seed: close it first")
+            raise SessionConflictError(
+                f"agent session {sid!r} has state whose release failed: close it first"
+            )
         fields = copy.deepcopy(fields)  # the hook may change the body it is given
         try:
             state = await self.seed_agent_session(sid, body)
@@ -323,7 +325,7 @@ class AgentServer(SessionServer):
             return JSONResponse(receipt[0])
         # NeMo's close reply: the receipt without its outcome; a failed release raises.
         if receipt[0]["outcome"] == "release_failed":
-            raise EnvError(f"closing agent session {sid!r} failed; its receipt says so")
+            raise EnvError(f"closing agent session {sid!r} failed; close it again to retry")
         return JSONResponse({k: v for k, v in receipt[0].items() if k != "outcome"})
 
     async def _close(self, sid: str) -> tuple[dict[str, Any], float]:
@@ -341,9 +343,16 @@ class AgentServer(SessionServer):
                 logger.warning("closing agent session %r failed: %s", sid, exc)
                 outcome = "release_failed"
         receipt = ({"agent_session_id": sid, "outcome": outcome, **extra}, time.monotonic())
-        self._receipts[sid] = receipt
-        # Held by the receipt until the background drops it; no live session now.
+        # Held by the receipt (or the kept state) until the background drops it;
+        # no live session now.
         self.claims.mark_open(sid, live=False)
+        if outcome == "release_failed":
+            # Not a receipt to keep: the state stays, as a failed seed's does, so a
+            # retried close runs the hook again (and the background does, a window
+            # later); a seed meanwhile is 409.
+            self._failed[sid] = _FailedSeed(state, time.monotonic() + self.window)
+            return receipt
+        self._receipts[sid] = receipt
         return receipt
 
     # Background: drop receipts after the window, retry failed seeds -----------------------

@@ -246,9 +246,12 @@ class GymEnvServer(ResourcesServer):
         return {"reward": float(result), **summary}
 
     def release_session(self, session_id: str) -> None:
-        state = self._sessions.pop(session_id, None)
+        state = self._sessions.get(session_id)
         if state is not None:
             state.env.close()
+            # Dropped only once closed: a close that raised is tried again by the
+            # session's next close (or when its claim ends).
+            self._sessions.pop(session_id, None)
 
     def release_all(self) -> None:
         for sid in list(self._sessions):

@@ -119,6 +119,8 @@ class ResourcesServer(SessionServer):
         self.closed = ClosedResourcesSessionRecords(settings.session_close_retry_window_seconds)
         self.episodes = EpisodeBinding()
         self._starts: dict[str, _StartRecord] = {}
+        #: Closed sessions whose release raised: the next close tries again.
+        self._unreleased: set[str] = set()
         self._start_locks = SessionLocks()
         claims.on_release(self._claim_ended)
         claims.on_idle(self._expire_idle)
@@ -296,8 +298,9 @@ class ResourcesServer(SessionServer):
         if episode is None:
             return JSONResponse({"resources_session_id": sid, "outcome": outcome})
         if outcome == "release_failed":
-            # NeMo's closes raise when releasing fails; its reply has no outcome to say so.
-            raise EnvError(f"releasing session {sid!r} failed; it is closed all the same")
+            # NeMo's closes raise when releasing fails (its reply has no outcome to say
+            # so), and its caller retries: the next close releases again.
+            raise EnvError(f"releasing session {sid!r} failed; close it again to retry")
         return JSONResponse({"resources_session_id": sid})
 
     async def _aggregate_route(self, request: Request) -> JSONResponse:
@@ -307,6 +310,7 @@ class ResourcesServer(SessionServer):
     def _claim_ended(self, sid: str) -> None:
         """The session's claim ended: its records go with it, then its state."""
         self._starts.pop(sid, None)
+        self._unreleased.discard(sid)
         self.episodes.forget(sid)
         self.release_session(sid)
 
@@ -319,15 +323,21 @@ class ResourcesServer(SessionServer):
             self.release_session(sid)
 
     def _end(self, sid: str) -> str:
-        """End the session: record the close, release its state, start its window."""
+        """End the session: record the close, release its state, start its window.
+
+        A release that raised is tried again by the next close of the id, so a
+        caller can retry a failed close (the close itself stays recorded).
+        """
         self._starts.pop(sid, None)
         self.claims.mark_not_open(sid)
-        if not self.closed.add(sid):
+        if not self.closed.add(sid) and sid not in self._unreleased:
             return "already_closed"
         try:
             self.release_session(sid)
         except Exception:
+            self._unreleased.add(sid)
             return "release_failed"
+        self._unreleased.discard(sid)
         return "closed"
 
 

@@ -372,3 +372,54 @@ async def test_agent_close_of_an_unknown_id_blocks_a_late_seed(agent, web):
     assert (closed.status, closed.json) == (200, {"agent_session_id": sid})
     late = await post(web, agent.url + "/v1/agent_sessions", agent_seed(sid))
     assert (late.status, late.code) == (409, "session_closed"), late.json
+
+
+# ----------------------------------------------------------------------------- failed closes
+
+
+@pytest.fixture(scope="module", params=[1, 4], ids=["1-worker", "4-workers"])
+def flaky(request: pytest.FixtureRequest) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """An env and an agent whose releases fail the first ``fail_closes`` times."""
+    args = ("--trust-session-ids", "--window", "300")
+    for env in _serve("tests.e2e.flaky_close:FlakyCloseEnv", request.param, *args):
+        for agent_server in _serve("tests.e2e.flaky_close:FlakyCloseAgent", request.param, *args):
+            yield env, agent_server
+
+
+async def test_a_failed_close_raises_and_its_retry_releases(flaky, web):
+    url = flaky[0].url
+    sid = new_id("flaky")
+    await post(web, url + "/seed_session", typed_seed(sid, options={"fail_closes": 2}))
+    for _ in range(2):
+        failed = await post(web, url + "/close_session", typed_close(sid))
+        assert (failed.status, failed.code) == (500, "env_error"), failed.json
+        # Closed all the same: a late seed is refused while the release is retried.
+        late = await post(web, url + "/seed_session", typed_seed(sid))
+        assert (late.status, late.code) == (409, "session_closed"), late.json
+    for _ in range(2):
+        closed = await post(web, url + "/close_session", typed_close(sid))
+        assert (closed.status, closed.json) == (200, {"resources_session_id": sid})
+    # Natively the outcome says what each close did.
+    native = new_id("flaky-native")
+    await post(web, url + "/reset", {"resources_session_id": native, "options": {"fail_closes": 1}})
+    outcomes = [
+        (await post(web, url + "/close_session", {"resources_session_id": native})).json["outcome"]
+        for _ in range(3)
+    ]
+    assert outcomes == ["release_failed", "closed", "already_closed"]
+
+
+async def test_a_failed_agent_close_keeps_its_state_for_the_retry(flaky, web):
+    url = flaky[1].url
+    sid = new_id("flaky-agent")
+    await post(web, url + "/v1/agent_sessions", agent_seed(sid, fail_closes=1))
+    failed = await post(web, url + "/v1/agent_sessions/close", agent_close(sid))
+    assert (failed.status, failed.code) == (500, "env_error"), failed.json
+    refused = await post(web, url + "/v1/agent_sessions", agent_seed(sid, fail_closes=1))
+    assert (refused.status, refused.code) == (409, "session_conflict"), refused.json
+    closed = await post(web, url + "/v1/agent_sessions/close", agent_close(sid))
+    assert (closed.status, closed.json) == (200, {"agent_session_id": sid, "attempts": 2})
+    again = await post(web, url + "/v1/agent_sessions/close", agent_close(sid))
+    assert (again.status, again.json) == (200, closed.json)
+    late = await post(web, url + "/v1/agent_sessions", agent_seed(sid, fail_closes=1))
+    assert (late.status, late.code) == (409, "session_closed"), late.json
