@@ -1,7 +1,8 @@
 """The Gymnasium adapter: one env instance per session behind the resources-server routes.
 
 ``/reset`` and ``/seed_session`` start a session (a reset of an open session
-starts a new episode on the same instance; a start body's ``render_mode``
+starts a new episode on the same instance, a seed of one returns it as it is;
+a start body's ``render_mode``
 makes the session's env with that mode), ``/step`` is the tool call,
 ``/render`` replies the session's frame as raw bytes
 (`gym_sessions.frames`), ``/verify`` scores the episode (the env's own
