@@ -222,6 +222,41 @@ async def test_malformed_episode_id_is_an_invalid_request(resources, web):
             assert (reply.status, reply.code) == (400, "invalid_request"), (path, reply.json)
 
 
+async def test_the_contract_in_order_with_a_cookie_jar(resources):
+    """NeMo's helper drives one client that keeps cookies: seed twice, close twice,
+    close a never-seeded id, then both late seeds are refused."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(force_close=True),
+        cookie_jar=aiohttp.CookieJar(unsafe=True),  # keeps cookies for 127.0.0.1
+        timeout=aiohttp.ClientTimeout(total=60),
+    ) as client:
+        sid = new_id("in-order")
+        never = f"{sid}-never-seeded"
+
+        async def send(path: str, body: dict[str, Any]) -> Reply:
+            async with client.post(resources.url + path, json=body) as reply:
+                return Reply(reply.status, await reply.json(content_type=None), None)
+
+        for _ in ("seed", "repeated seed"):
+            seeded = await send("/seed_session", typed_seed(sid))
+            assert seeded.status == 200, seeded.json
+            assert seeded.json["resources_session_id"] == sid
+        for _ in ("close", "repeated close"):
+            closed = await send("/close_session", typed_close(sid))
+            assert (closed.status, closed.json) == (200, {"resources_session_id": sid})
+        # Here the helper's one jar differs on purpose: it still holds the closed
+        # session's cookie, and a cookie and a body naming different sessions is 409
+        # (NeMo's environment servers send each close with its own session's cookies).
+        mixed = await send("/close_session", typed_close(never))
+        assert (mixed.status, mixed.code) == (409, "session_conflict"), mixed.json
+        client.cookie_jar.clear()
+        closed = await send("/close_session", typed_close(never))
+        assert (closed.status, closed.json) == (200, {"resources_session_id": never})
+        for late in (sid, never):
+            refused = await send("/seed_session", typed_seed(late))
+            assert refused.status >= 400, (late, refused.json)
+
+
 # ----------------------------------------------------------------------------- resources closes
 
 
