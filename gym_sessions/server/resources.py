@@ -210,7 +210,13 @@ class ResourcesServer(SessionServer):
                 last = self._starts.get(sid)
                 if path == SEED_PATH and last is not None:
                     return JSONResponse(self._repeated_seed(sid, last, fields))
-                reply = await self.start_session(sid, body, path)
+                try:
+                    reply = await self.start_session(sid, body, path)
+                except BaseException:
+                    # The episode the record describes may be gone (a restart that
+                    # failed half-way): a later seed starts afresh, never replays it.
+                    self._starts.pop(sid, None)
+                    raise
                 if sid in self.closed:  # closed while the start awaited
                     self.release_session(sid)
                     raise SessionClosedError(f"session {sid!r} was closed while it started")
