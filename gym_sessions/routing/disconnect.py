@@ -43,7 +43,7 @@ class DisconnectWatch:
         self._receive = receive
         self._gone = asyncio.Event()
         self._replying = False
-        self._work: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._cancellable = False
         #: The client disconnected and the guarded work was cancelled for it.
         self.cancelled = False
@@ -55,9 +55,11 @@ class DisconnectWatch:
         # uvicorn also says http.disconnect once a reply is complete; by then
         # `_replying` is set and nothing is cancelled.
         self._gone.set()
-        if self._work is not None and self._cancellable and not self._replying:
+        if self._task is not None and self._cancellable and not self._replying:
+            # The task is suspended, and only inside `run`'s await of the work
+            # (`_task` is set for no longer): the cancellation lands in the work.
             self.cancelled = True
-            self._work.cancel()
+            self._task.cancel()
 
     async def receive(self) -> Message:
         """The app's ``receive`` after the body: ``http.disconnect`` once the client left."""
@@ -75,26 +77,31 @@ class DisconnectWatch:
         return send_watched
 
     async def run(self, work: Coroutine[Any, Any, None], *, cancellable: bool) -> None:
-        """Run ``work``; if the client disconnects first and ``cancellable``, cancel it.
+        """Run ``work`` in this task; cancel it if the client leaves first and ``cancellable``.
 
         A cancellation for the disconnect ends here (the client is not there to
-        be answered); one of the caller's own task propagates.
+        be answered); one of anyone else propagates. The work runs in the
+        caller's task, not a task of its own: a task more per request would
+        cost as much again as the watch itself.
         """
         if cancellable and self._gone.is_set():
             work.close()  # the client left while the router decided: nothing to do
             self.cancelled = True
             return
-        task = asyncio.ensure_future(work)
-        self._work, self._cancellable = task, cancellable
+        task = asyncio.current_task()
+        assert task is not None
+        self._task, self._cancellable = task, cancellable
         try:
-            await task  # cancelling the caller cancels the task too
+            await work
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self.cancelled and (current is None or not current.cancelling()):
-                return
-            raise
+            # `uncancel` takes back our request; more left means someone else's too.
+            if not self.cancelled or task.uncancel() > 0:
+                raise
+        else:
+            if self.cancelled:
+                task.uncancel()  # the work caught our cancellation and finished
         finally:
-            self._work = None
+            self._task = None
 
     def close(self) -> None:
         """The request ended: stop listening; a late ``receive`` says disconnected."""
