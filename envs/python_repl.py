@@ -4,7 +4,9 @@ Each session owns one long-lived ``python`` child process, started by the
 session's first ``run_code`` call (no session start needed: the cookie of
 that first reply names the session). A session start (``/seed_session`` or
 ``/reset``) discards the session's interpreter, if any, so a started session
-always begins with empty variables; the next call starts a fresh one.
+always begins with empty variables; the next call starts a fresh one. (A
+repeated ``/seed_session`` of an open session returns it as it is: the base
+does not run the start hook again; ``/reset`` does.)
 Variables persist between calls: ``x = 41`` then ``print(x + 1)`` prints 42.
 
 - ``run_code {code, timeout?}`` returns ``{stdout, stderr, value, error}``:

@@ -9,6 +9,7 @@ official client.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -64,14 +65,23 @@ async def asgi_call(
         "server": ("127.0.0.1", 8000),
     }
     pending = [{"type": "http.request", "body": body, "more_body": False}]
+    replied = asyncio.Event()
 
     async def receive() -> dict[str, Any]:
-        return pending.pop(0) if pending else {"type": "http.disconnect"}
+        if pending:
+            return pending.pop(0)
+        # As uvicorn: after the body, http.disconnect only once the reply is
+        # complete (earlier, it would mean the client left, and the router
+        # cancels the handler).
+        await replied.wait()
+        return {"type": "http.disconnect"}
 
     messages: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
         messages.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            replied.set()
 
     await app(scope, receive, send)
     start, *rest = messages

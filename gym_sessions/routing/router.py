@@ -15,6 +15,10 @@ For each HTTP request `SessionRouter`:
    claims it when the reply starts, if its handler used the session and the
    reply is no error. If another worker claimed the id meanwhile, the reply is 409.
 
+A client that disconnects before its reply starts cancels the forward or the
+handler (`DisconnectWatch`), except on routes that run to completion (starts,
+closes, ``/verify``).
+
 A request that arrived over a private socket is always served here (over a
 private TCP listener, only with a valid forward signature: `ForwardSigner`). With one
 worker (or routing off) the same steps run against a store that writes
@@ -29,7 +33,8 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Coroutine
+from typing import Any, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -52,6 +57,7 @@ from gym_sessions.errors import (
     out_of_resources,
 )
 from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
+from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder
 from gym_sessions.routing.owned_claims import OwnedClaims
@@ -204,6 +210,9 @@ class SessionRouter:
             to (``--max-sessions``).
         body_budget: Bytes of request bodies this worker holds at once
             (``--max-inflight-body-bytes``).
+        runs_to_completion: Paths whose handler is not cancelled when its client
+            disconnects (they change a session's lifetime); every other
+            handler, and every forward, is.
     """
 
     def __init__(
@@ -225,8 +234,10 @@ class SessionRouter:
         trust_session_ids: bool = False,
         worker_ids: Callable[[], Awaitable[list[str]]] | None = None,
         body_budget: BodyBudget | None = None,
+        runs_to_completion: Collection[str] = (),
     ) -> None:
         self.app = app
+        self.runs_to_completion = frozenset(runs_to_completion)
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
         self.worker_ids = worker_ids or _no_workers
         # Requests other workers forwarded here: a worker shutting down waits for them.
@@ -298,9 +309,11 @@ class SessionRouter:
             await self._send_error(scope, send, error)
             return
         scope[REQUEST_SESSION_KEY] = routed
+        watch = DisconnectWatch(receive)
         try:
-            await self._route(routed, private, scope, body, receive, send)
+            await self._route(routed, private, scope, body, watch, send)
         finally:
+            watch.close()
             if routed.room is not None:
                 self.claims.give_back_room(routed.room)
             # uvicorn keeps the scope while the connection idles: drop the parsed
@@ -317,7 +330,7 @@ class SessionRouter:
         private: bool,
         scope: Scope,
         body: bytes,
-        receive: Receive,
+        watch: DisconnectWatch,
         send: Send,
     ) -> None:
         sid = routed.session_id
@@ -325,7 +338,7 @@ class SessionRouter:
             if not private and self.forwarder is not None:
                 if routed.claims_first:
                     if routed.starts and not self._take_room(routed):
-                        await self._start_elsewhere(routed, scope, body, send)
+                        await self._start_elsewhere(routed, scope, body, watch, send)
                         return
                     # One store call: claiming answers who holds the id if not us.
                     holder = await self.claims.claim(sid)
@@ -338,7 +351,7 @@ class SessionRouter:
                     if holder is None and routed.source is IdSource.COOKIE:
                         holder = await self._claim_provisionally(routed)
                 if holder is not None and holder != self.claims.worker_id:
-                    await self._forward(holder, scope, body, send, start=routed.starts)
+                    await self._forward(holder, scope, body, watch, send, start=routed.starts)
                     return
             elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
@@ -347,7 +360,7 @@ class SessionRouter:
                 send = _with_header(send, (NO_ROOM_HEADER, b"1"))
             await self._send_error(scope, send, error)
             return
-        await self._serve_here(routed, scope, body, receive, send)
+        await self._serve_here(routed, scope, body, watch, send)
 
     def _take_room(self, routed: RequestSession) -> bool:
         """Reserve room for a session start here (`OwnedClaims.reserve_room`); False if full."""
@@ -355,7 +368,7 @@ class SessionRouter:
         return routed.room is not None
 
     async def _start_elsewhere(
-        self, routed: RequestSession, scope: Scope, body: bytes, send: Send
+        self, routed: RequestSession, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send
     ) -> None:
         """This worker is full: hand the start to the session's holder or a worker with room.
 
@@ -370,16 +383,18 @@ class SessionRouter:
             if holder == self.claims.worker_id:
                 raise _no_room()  # our own claim (not live): its start needs room here
             if holder is not None:
-                await self._forward(holder, scope, body, send, start=True)
+                await self._forward(holder, scope, body, watch, send, start=True)
                 return
         candidates = [w for w in await self.worker_ids() if w != self.claims.worker_id]
         random.shuffle(candidates)
         for candidate in candidates:
-            if await self._offer_start(candidate, scope, body, send):
+            if await self._offer_start(candidate, scope, body, watch, send):
                 return
         raise _no_room()
 
-    async def _offer_start(self, worker_id: str, scope: Scope, body: bytes, send: Send) -> bool:
+    async def _offer_start(
+        self, worker_id: str, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send
+    ) -> bool:
         """Forward a start to ``worker_id``; False if it had no room (nothing was sent)."""
         assert self.forwarder is not None
         refused = False
@@ -398,10 +413,11 @@ class SessionRouter:
         if self.worker_header is not None:
             target = _with_header(target, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
-            await self.forwarder.forward(worker_id, scope, body, target)
+            forward = self.forwarder.forward(worker_id, scope, body, watch.watching(target))
+            await watch.run(forward, cancellable=True)
         except SessionGoneError:
             return False  # a worker that exited has no room either
-        return not refused
+        return not refused or watch.cancelled
 
     async def _claim_here(self, routed: RequestSession) -> str | None:
         """With nobody to forward to: claim what the request names; the other holder or None.
@@ -467,7 +483,14 @@ class SessionRouter:
         return routed
 
     async def _forward(
-        self, holder: str, scope: Scope, body: bytes, send: Send, *, start: bool = False
+        self,
+        holder: str,
+        scope: Scope,
+        body: bytes,
+        watch: DisconnectWatch,
+        send: Send,
+        *,
+        start: bool = False,
     ) -> None:
         assert self.forwarder is not None
         if start:
@@ -477,12 +500,22 @@ class SessionRouter:
         if self.worker_header is not None:
             send = _with_header(send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
-            await self.forwarder.forward(holder, scope, body, _marking_forwarded(scope, send))
+            # Always cancellable: cancelling the hop closes its connection, and the
+            # holder decides for its handler as it would for a client of its own.
+            forward = self.forwarder.forward(
+                holder, scope, body, watch.watching(_marking_forwarded(scope, send))
+            )
+            await watch.run(forward, cancellable=True)
         except HTTPError as error:
             await self._send_error(scope, send, error)
 
     async def _serve_here(
-        self, routed: RequestSession, scope: Scope, body: bytes, receive: Receive, send: Send
+        self,
+        routed: RequestSession,
+        scope: Scope,
+        body: bytes,
+        watch: DisconnectWatch,
+        send: Send,
     ) -> None:
         sid = routed.session_id
         claims = self.claims
@@ -508,7 +541,7 @@ class SessionRouter:
             if not body_sent:
                 body_sent = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            return await watch.receive()
 
         async def send_claimed(message: Message) -> None:
             nonlocal held, refused
@@ -538,8 +571,14 @@ class SessionRouter:
                 message["headers"] = [*message.get("headers", []), self.worker_header]
             await send(message)
 
+        cancellable = route_path(scope["path"]) not in self.runs_to_completion
         try:
-            await self.app(scope, replay_body, send_claimed)
+            # ASGI apps are coroutine functions: the watch may close one it never awaits.
+            handler = cast(
+                "Coroutine[Any, Any, None]",
+                self.app(scope, replay_body, watch.watching(send_claimed)),
+            )
+            await watch.run(handler, cancellable=cancellable)
         finally:
             if routed.room is not None:
                 # A start that did not open its session frees its room now, before

@@ -19,12 +19,18 @@ agent decides when its claims end (DESIGN 3.6):
   background (tried again a window later if the hook raises);
 - otherwise the claim lasts until the session's last record (its receipt, or a
   failed seed) is dropped.
+
+A retried seed of a live session with the same body gets ``created: false``
+and changes nothing; with another body it is 409 ``session_conflict``. Seeds
+and closes carrying NeMo Gym's ``episode_id`` get NeMo's reply shapes and bind
+the session to that episode (`gym_sessions.server.episodes`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -49,6 +55,12 @@ from gym_sessions.routing.session_ids import AGENT_SOURCES, SESSION_KEY_FIELD, S
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.env_session import EnvSession
+from gym_sessions.server.episodes import (
+    AGENT_SEED_FIELDS,
+    CLOSE_FIELDS,
+    EpisodeBinding,
+    episode_of,
+)
 from gym_sessions.server.policies import Policy, StopEpisode, act
 from gym_sessions.settings import Settings
 
@@ -73,6 +85,7 @@ SEED_BODY = BodySchema(
     {
         "agent_session_id": Field(("string",), required=True),
         SESSION_KEY_FIELD: Field(("string", "null")),
+        **AGENT_SEED_FIELDS,
     },
     allow_extra=True,
 )
@@ -80,6 +93,7 @@ CLOSE_BODY = BodySchema(
     {
         "agent_session_id": Field(("string",), required=True),
         SESSION_KEY_FIELD: Field(("string", "null")),
+        **CLOSE_FIELDS,
     }
 )
 
@@ -104,6 +118,9 @@ class AgentServer(SessionServer):
         self._spaces: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._expiring: set[asyncio.Future[None]] = set()
+        #: The body each live agent session was seeded with (a retry must match it).
+        self._seed_bodies: dict[str, dict[str, Any]] = {}
+        self.episodes = EpisodeBinding()
 
     @property
     def start_paths(self) -> tuple[str, ...]:
@@ -236,18 +253,33 @@ class AgentServer(SessionServer):
     async def _seed_route(self, request: Request) -> JSONResponse:
         body = SEED_BODY.validate(await read_json(request))
         body.pop(SESSION_KEY_FIELD, None)  # a credential, not data for the seed hook
+        episode = episode_of(body)
         sid = self.session_id(request)
         async with self._one_at_a_time(sid):
-            return await self._seed(sid, body)
+            created = await self._seed(sid, body, episode)
+        if episode is not None:
+            return JSONResponse({"agent_session_id": sid})  # NeMo's reply has no more
+        return JSONResponse({"agent_session_id": sid, "created": created})
 
-    async def _seed(self, sid: str, body: dict[str, Any]) -> JSONResponse:
+    async def _seed(self, sid: str, body: dict[str, Any], episode: tuple[str, int] | None) -> bool:
+        """Seed ``sid`` unless it is live with the same body; whether state was created."""
         if sid in self._receipts:
             self._refuse_if_expired(sid)
             raise SessionClosedError(f"agent session {sid!r} was closed")
+        fields = {k: v for k, v in body.items() if k != self.sources.body_key}
         if sid in self.agent_sessions:
-            return JSONResponse({"agent_session_id": sid, "created": False})
+            self.episodes.check(sid, episode)
+            if fields != self._seed_bodies.get(sid):
+                raise SessionConflictError(
+                    f"agent session {sid!r} was seeded with another body; close it, or seed "
+                    "another id"
+                )
+            return False
         if sid in self._failed:
-            raise SessionConflictError(f"agent session {sid!r} has a failed seed: close it first")
+            raise SessionConflictError(
+                f"agent session {sid!r} has state whose release failed: close it first"
+            )
+        fields = copy.deepcopy(fields)  # the hook may change the body it is given
         try:
             state = await self.seed_agent_session(sid, body)
         except HTTPError:
@@ -258,14 +290,16 @@ class AgentServer(SessionServer):
             raise EnvError(f"seeding agent session {sid!r} failed: {exc}") from exc
         if state is None:
             self.claims.release_now(sid)  # nothing to route to
-            return JSONResponse({"agent_session_id": sid, "created": False})
+            return False
         try:
             self.register_agent_session(sid, state)
         except Exception as exc:
             await self._roll_back(sid, state)
             raise EnvError(f"agent session {sid!r} could not be registered: {exc}") from exc
+        self._seed_bodies[sid] = fields
+        self.episodes.bind(sid, episode)
         self.claims.mark_open(sid)
-        return JSONResponse({"agent_session_id": sid, "created": True})
+        return True
 
     async def _roll_back(self, sid: str, state: Any) -> None:
         try:
@@ -278,13 +312,24 @@ class AgentServer(SessionServer):
             self.claims.release_now(sid)
 
     async def _close_route(self, request: Request) -> JSONResponse:
-        CLOSE_BODY.validate(await read_json(request))
+        body = CLOSE_BODY.validate(await read_json(request))
+        episode = episode_of(body)
         sid = self.session_id(request)
         async with self._one_at_a_time(sid):
+            self.episodes.check(sid, episode)
+            # A close of an id never seeded binds it as well, so a retried close of
+            # another episode is refused as for a seeded one.
+            self.episodes.bind(sid, episode)
             receipt = self._receipts.get(sid) or await self._close(sid)
-        return JSONResponse(receipt[0])
+        if episode is None:
+            return JSONResponse(receipt[0])
+        # NeMo's close reply: the receipt without its outcome; a failed release raises.
+        if receipt[0]["outcome"] == "release_failed":
+            raise EnvError(f"closing agent session {sid!r} failed; close it again to retry")
+        return JSONResponse({k: v for k, v in receipt[0].items() if k != "outcome"})
 
     async def _close(self, sid: str) -> tuple[dict[str, Any], float]:
+        self._seed_bodies.pop(sid, None)
         state = self.agent_sessions.pop(sid, None)
         failed = self._failed.pop(sid, None)
         if failed is not None:
@@ -298,9 +343,16 @@ class AgentServer(SessionServer):
                 logger.warning("closing agent session %r failed: %s", sid, exc)
                 outcome = "release_failed"
         receipt = ({"agent_session_id": sid, "outcome": outcome, **extra}, time.monotonic())
-        self._receipts[sid] = receipt
-        # Held by the receipt until the background drops it; no live session now.
+        # Held by the receipt (or the kept state) until the background drops it;
+        # no live session now.
         self.claims.mark_open(sid, live=False)
+        if outcome == "release_failed":
+            # Not a receipt to keep: the state stays, as a failed seed's does, so a
+            # retried close runs the hook again (and the background does, a window
+            # later); a seed meanwhile is 409.
+            self._failed[sid] = _FailedSeed(state, time.monotonic() + self.window)
+            return receipt
+        self._receipts[sid] = receipt
         return receipt
 
     # Background: drop receipts after the window, retry failed seeds -----------------------
@@ -340,6 +392,7 @@ class AgentServer(SessionServer):
 
     def _release_if_unused(self, sid: str) -> None:
         if sid not in self.agent_sessions and sid not in self._receipts and sid not in self._failed:
+            self.episodes.forget(sid)
             self.claims.release_now(sid)
 
     def http_client(self) -> aiohttp.ClientSession:
@@ -363,6 +416,7 @@ class AgentServer(SessionServer):
         state = self.agent_sessions.pop(sid, None)
         if state is None:
             return
+        self._seed_bodies.pop(sid, None)
         self.count_expired()
         self._receipts[sid] = ({"agent_session_id": sid, "outcome": "expired"}, time.monotonic())
         self.claims.mark_open(sid, live=False)  # held by the receipt, as after a close
@@ -379,4 +433,6 @@ class AgentServer(SessionServer):
 
     def release_all(self) -> None:
         self.agent_sessions.clear()
+        self._seed_bodies.clear()
+        self.episodes.clear()
         self._failed.clear()

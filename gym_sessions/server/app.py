@@ -209,6 +209,7 @@ class WorkerApp:
             trust_session_ids=settings.trust_session_ids,
             worker_ids=endpoints.worker_ids if endpoints is not None else None,
             body_budget=BodyBudget(settings.max_inflight_body_bytes),
+            runs_to_completion=server.runs_to_completion_paths,
         )
         # Outermost: /metrics and the request counts, around the routing rule.
         self._entry: ASGIApp = self.router

@@ -73,6 +73,17 @@ class SessionServer:
         """Routes that start a session (claimed before their handler)."""
         return ()
 
+    @property
+    def runs_to_completion_paths(self) -> tuple[str, ...]:
+        """Routes whose handler is not cancelled when its client disconnects.
+
+        Starts and closes change a session's lifetime: cut short, a start could
+        leave half-made state and a close an unreleased one, so they finish and
+        their reply is dropped. Every other handler is cancelled at its next
+        ``await`` (`gym_sessions.routing.disconnect`).
+        """
+        return (*self.start_paths, *self.close_paths)
+
     def session_id(self, request: Request) -> str:
         """The request's session id; reading it counts as using the session."""
         return request.session[self.sources.cookie_key]

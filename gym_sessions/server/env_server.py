@@ -1,7 +1,8 @@
 """The Gymnasium adapter: one env instance per session behind the resources-server routes.
 
 ``/reset`` and ``/seed_session`` start a session (a reset of an open session
-starts a new episode on the same instance; a start body's ``render_mode``
+starts a new episode on the same instance, a seed of one returns it as it is;
+a start body's ``render_mode``
 makes the session's env with that mode), ``/step`` is the tool call,
 ``/render`` replies the session's frame as raw bytes
 (`gym_sessions.frames`), ``/verify`` scores the episode (the env's own
@@ -234,9 +235,12 @@ class GymEnvServer(ResourcesServer):
         return {"reward": float(result), **summary}
 
     def release_session(self, session_id: str) -> None:
-        state = self._sessions.pop(session_id, None)
+        state = self._sessions.get(session_id)
         if state is not None:
             state.env.close()
+            # Dropped only once closed: a close that raised is tried again by the
+            # session's next close (or when its claim ends).
+            self._sessions.pop(session_id, None)
 
     def release_all(self) -> None:
         for sid in list(self._sessions):

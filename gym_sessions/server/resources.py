@@ -6,13 +6,22 @@ Subclasses implement the hooks (`start_session`, `verify_session`,
 lifetime rules: a successful start opens the session, a close or a verify
 without ``x-gym-close-follows`` ends it, a closed id is refused a new start for
 the window, and state is released once, on close or when the claim ends.
+
+``/seed_session`` is idempotent for its holder (whoever the ownership rule
+admits: cookie, ``session_key`` or, with ``--trust-session-ids``, the id): a
+seed of an open session whose body equals that of the start that opened the
+current episode gets that start's reply again and changes nothing; any other
+body is 409 ``session_conflict``. ``/reset`` (any other start route) always
+starts a new episode. Requests carrying NeMo Gym's ``episode_id`` get NeMo's
+reply shapes (`gym_sessions.server.episodes`).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from starlette.requests import Request
@@ -20,7 +29,13 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from gym_sessions.credentials import SessionCredentials
-from gym_sessions.errors import InvalidRequestError, SessionClosedError, SessionExpiredError
+from gym_sessions.errors import (
+    EnvError,
+    InvalidRequestError,
+    SessionClosedError,
+    SessionConflictError,
+    SessionExpiredError,
+)
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.request_session import request_session
 from gym_sessions.routing.session_ids import (
@@ -33,13 +48,17 @@ from gym_sessions.routing.session_ids import (
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
+from gym_sessions.server.episodes import CLOSE_FIELDS, SEED_FIELDS, EpisodeBinding, episode_of
 from gym_sessions.server.mcp import MCP_PATH, SESSION_TOKEN_HEADER_NAME, McpEndpoint
+from gym_sessions.server.session_locks import SessionLocks
 from gym_sessions.server.tools import Tool, ToolHandler
 from gym_sessions.settings import Settings
 from gym_sessions.wire import CLOSE_FOLLOWS_HEADER
 
-__all__ = ["CLOSE_FOLLOWS_HEADER", "ResourcesServer", "session_id"]
+__all__ = ["CLOSE_FOLLOWS_HEADER", "SEED_PATH", "ResourcesServer", "session_id"]
 
+#: The start route that never restarts an open session (NeMo Gym's seed).
+SEED_PATH = "/seed_session"
 
 SEED_BODY = BodySchema(
     {
@@ -52,6 +71,7 @@ SEED_BODY = BodySchema(
         "mcp_tools": Field(
             ("array", "null"), description="the tools this session's MCP token may list and call"
         ),
+        **SEED_FIELDS,
     },
     allow_extra=True,
 )
@@ -59,10 +79,25 @@ CLOSE_BODY = BodySchema(
     {
         "resources_session_id": Field(("string", "null")),
         SESSION_KEY_FIELD: Field(("string", "null")),
+        **CLOSE_FIELDS,
     }
 )
 ANY_BODY = BodySchema(allow_extra=True)
 AGGREGATE_BODY = BodySchema({"verify_responses": Field(("array",), required=True)})
+
+
+@dataclass(frozen=True)
+class _StartRecord:
+    """The start that opened a session's current episode: what it asked and what it got."""
+
+    body: dict[str, Any]  # without the session key and the id
+    reply: dict[str, Any]
+
+
+def _start_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """What makes two starts of one id the same start: the body, less credential and id."""
+    fields = {k: v for k, v in body.items() if k != RESOURCES_SOURCES.body_key}
+    return copy.deepcopy(fields)  # a hook may change the body it is given
 
 
 def session_id(request: Request) -> str:
@@ -84,12 +119,22 @@ class ResourcesServer(SessionServer):
     ) -> None:
         super().bind(settings, claims, credentials)
         self.closed = ClosedResourcesSessionRecords(settings.session_close_retry_window_seconds)
-        claims.on_release(self.release_session)
+        self.episodes = EpisodeBinding()
+        self._starts: dict[str, _StartRecord] = {}
+        #: Closed sessions whose release raised: the next close tries again.
+        self._unreleased: set[str] = set()
+        self._start_locks = SessionLocks()
+        claims.on_release(self._claim_ended)
         claims.on_idle(self._expire_idle)
 
     @property
     def start_paths(self) -> tuple[str, ...]:
         return self.settings.checkpoint_session_starts
+
+    @property
+    def runs_to_completion_paths(self) -> tuple[str, ...]:
+        # A verify may end the session: it finishes, as closes do.
+        return (*super().runs_to_completion_paths, "/verify")
 
     # Hooks -------------------------------------------------------------------------------
 
@@ -165,26 +210,72 @@ class ResourcesServer(SessionServer):
         async def start(request: Request) -> JSONResponse:
             body = SEED_BODY.validate(await read_json(request))
             body.pop(SESSION_KEY_FIELD, None)  # a credential, not task data for the hook
+            episode = episode_of(body)
             tools = self._mcp_tools(body.get("mcp_tools"))
             sid = session_id(request)
-            self.refuse_if_closed(sid)
-            reply = await self.start_session(sid, body, path)
-            if sid in self.closed:  # closed while the start awaited
-                self.release_session(sid)
-                raise SessionClosedError(f"session {sid!r} was closed while it started")
-            self.claims.mark_open(sid)
-            incarnation = request_session(request.scope).incarnation
-            assert incarnation is not None  # the router admitted this start
-            token = self.credentials.mint_token(sid, incarnation, tools)
-            return JSONResponse(
-                {
-                    "resources_session_id": sid,
-                    **reply,
-                    "mcp": {"url_path": MCP_PATH, "headers": {SESSION_TOKEN_HEADER_NAME: token}},
-                }
-            )
+            # Retries of one seed (or a seed beside a reset) must not interleave
+            # their hooks: the second would restart what the first made.
+            async with self._start_locks.hold(sid):
+                self.refuse_if_closed(sid)
+                self.episodes.check(sid, episode)
+                fields = _start_fields(body)
+                last = self._starts.get(sid)
+                if path == SEED_PATH and last is not None:
+                    return JSONResponse(self._repeated_seed(sid, last, fields))
+                try:
+                    reply = await self.start_session(sid, body, path)
+                except BaseException:
+                    # The episode the record describes may be gone (a restart that
+                    # failed half-way): a later seed starts afresh, never replays it.
+                    self._starts.pop(sid, None)
+                    raise
+                if sid in self.closed:  # closed while the start awaited
+                    self.release_session(sid)
+                    raise SessionClosedError(f"session {sid!r} was closed while it started")
+                self.claims.mark_open(sid)
+                incarnation = request_session(request.scope).incarnation
+                assert incarnation is not None  # the router admitted this start
+                token = self.credentials.mint_token(sid, incarnation, tools)
+                content = (
+                    self._nemo_seed_reply(sid, token)
+                    if episode is not None
+                    else {
+                        "resources_session_id": sid,
+                        **reply,
+                        "mcp": {
+                            "url_path": MCP_PATH,
+                            "headers": {SESSION_TOKEN_HEADER_NAME: token},
+                        },
+                    }
+                )
+                self._starts[sid] = _StartRecord(fields, content)
+                self.episodes.bind(sid, episode)
+                return JSONResponse(content)
 
         return start
+
+    def _repeated_seed(
+        self, sid: str, last: _StartRecord, fields: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A seed of an open session: the same start's reply again, or 409 for another body."""
+        if fields != last.body:
+            raise SessionConflictError(
+                f"session {sid!r} is open and was started with another body; a seed never "
+                "restarts a session (POST /reset starts a new episode)"
+            )
+        return last.reply
+
+    def _nemo_seed_reply(self, sid: str, token: str) -> dict[str, Any]:
+        """NeMo Gym's seed reply: the id and the MCP access, nothing else (its model forbids it)."""
+        return {
+            "resources_session_id": sid,
+            "resources_tools": {
+                "server_name": type(self).__name__,
+                "url_path": MCP_PATH,
+                "transport": "http",
+                "headers": {SESSION_TOKEN_HEADER_NAME: token},
+            },
+        }
 
     def _mcp_tools(self, names: list[Any] | None) -> frozenset[str] | None:
         """The start body's ``mcp_tools``: names of this server's tools, or ``None`` for all."""
@@ -209,35 +300,62 @@ class ResourcesServer(SessionServer):
         return JSONResponse(result)
 
     async def _close_route(self, request: Request) -> JSONResponse:
-        CLOSE_BODY.validate(await read_json(request))
+        body = CLOSE_BODY.validate(await read_json(request))
+        episode = episode_of(body)
         if request_session(request.scope).source is IdSource.MINTED:
             raise InvalidRequestError(
                 "a close must name its session: the session cookie, the session token "
                 "or resources_session_id"
             )
         sid = session_id(request)
-        return JSONResponse({"resources_session_id": sid, "outcome": self._end(sid)})
+        self.episodes.check(sid, episode)
+        # A close before any seed binds the id too: a late seed of it is refused anyway
+        # (closed), and a retried close of another episode is refused as for a seeded one.
+        self.episodes.bind(sid, episode)
+        outcome = self._end(sid)
+        if episode is None:
+            return JSONResponse({"resources_session_id": sid, "outcome": outcome})
+        if outcome == "release_failed":
+            # NeMo's closes raise when releasing fails (its reply has no outcome to say
+            # so), and its caller retries: the next close releases again.
+            raise EnvError(f"releasing session {sid!r} failed; close it again to retry")
+        return JSONResponse({"resources_session_id": sid})
 
     async def _aggregate_route(self, request: Request) -> JSONResponse:
         body = AGGREGATE_BODY.validate(await read_json(request))
         return JSONResponse(aggregate_verify_responses(body["verify_responses"]))
 
+    def _claim_ended(self, sid: str) -> None:
+        """The session's claim ended: its records go with it, then its state."""
+        self._starts.pop(sid, None)
+        self._unreleased.discard(sid)
+        self.episodes.forget(sid)
+        self.release_session(sid)
+
     def _expire_idle(self, sid: str) -> None:
         """An open session idled out: close it as its client would have (410 from now on)."""
+        self._starts.pop(sid, None)
         self.claims.mark_not_open(sid)
         if self.closed.add(sid, expired=True):
             self.count_expired()
             self.release_session(sid)
 
     def _end(self, sid: str) -> str:
-        """End the session: record the close, release its state, start its window."""
+        """End the session: record the close, release its state, start its window.
+
+        A release that raised is tried again by the next close of the id, so a
+        caller can retry a failed close (the close itself stays recorded).
+        """
+        self._starts.pop(sid, None)
         self.claims.mark_not_open(sid)
-        if not self.closed.add(sid):
+        if not self.closed.add(sid) and sid not in self._unreleased:
             return "already_closed"
         try:
             self.release_session(sid)
         except Exception:
+            self._unreleased.add(sid)
             return "release_failed"
+        self._unreleased.discard(sid)
         return "closed"
 
 

@@ -325,10 +325,10 @@ async def test_cookie_reaches_every_route_of_its_own_session(server, web):
     assert (step.status, step.json["observation"]) == (200, INITIAL + 5), step.describe()
     observed = await post(web, url + "/observe", {}, cookie=cookie)
     assert observed.json == {"observation": INITIAL + 5, "episode_length": 2}
-    # Typed starts with the cookie (naming the same id, or none) restart the episode.
+    # Typed resets with the cookie (naming the same id, or none) restart the episode.
     for path, body in (
         ("/reset", {"resources_session_id": sid, "options": {"initial_count": 7}}),
-        ("/seed_session", {"options": {"initial_count": 8}}),
+        ("/reset", {"options": {"initial_count": 8}}),
         ("/rollouts/r2/reset", {"resources_session_id": sid, "options": {"initial_count": 9}}),
     ):
         reply = await post(web, url + path, body, cookie=cookie)
@@ -336,6 +336,12 @@ async def test_cookie_reaches_every_route_of_its_own_session(server, web):
         assert reply.json["resources_session_id"] == sid
         assert reply.json["observation"] == body["options"]["initial_count"]
         assert reply.token
+    # A seed with the cookie never restarts an open session: the body of the start
+    # that opened this episode gets that start's reply again; another body is 409.
+    again = await post(web, url + "/seed_session", {"options": {"initial_count": 9}}, cookie=cookie)
+    assert (again.status, again.json) == (200, reply.json), again.describe()
+    other = await post(web, url + "/seed_session", {"options": {"initial_count": 8}}, cookie=cookie)
+    assert (other.status, other.code) == (409, "session_conflict"), other.describe()
     verified = await post(
         web, url + "/verify", {}, cookie=cookie, headers={"x-gym-close-follows": "1"}
     )

@@ -303,8 +303,9 @@ async def test_closed_and_verified_sessions_leave_no_interpreter(serve):
         status, _, seeded = await post(client, url, "/seed_session", {"expected_stdout": "hi\n"})
         assert status == 200
         await run_code(client, url, "v = 1", seeded)
-        # A new start of the session discards its interpreter.
-        await post(client, url, "/seed_session", {"expected_stdout": "hi\n"}, seeded)
+        # A new episode of the session discards its interpreter (a repeated seed would
+        # return the open session as it is).
+        await post(client, url, "/reset", {"expected_stdout": "hi\n"}, seeded)
         _, data, _ = await run_code(client, url, "print('hi')\n'v' in dir()", seeded)
         assert data["stdout"] == "hi\n" and data["value"] == "False"
         assert await live_interpreters(client, url) == 5

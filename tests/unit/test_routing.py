@@ -328,12 +328,13 @@ async def test_request_over_a_private_socket_is_handled_where_it_arrives(cluster
     assert c[0].server.counts[start.json["resources_session_id"]] == 0
 
 
-async def test_typed_seed_with_9_mib_of_task_data_reaches_its_claimant(cluster):
+async def test_typed_start_with_9_mib_of_task_data_reaches_its_claimant(cluster):
     c = await cluster(2, max_body_bytes=16 * 1024 * 1024)
     sid = new_id()
     await c[0].request("POST", "/seed_session", {"resources_session_id": sid})
     task = "x" * (9 * 1024 * 1024)
-    reply = await c[1].request("POST", "/seed_session", {"resources_session_id": sid, "task": task})
+    # A restart (a second seed of the open session with another body would be 409).
+    reply = await c[1].request("POST", "/reset", {"resources_session_id": sid, "task": task})
     assert reply.status == 200
     assert reply.json["worker"] == c[0].id
     assert reply.json["task_size"] == len(task)
