@@ -490,9 +490,18 @@ async def test_claim_files_are_sha256_names_and_nothing_else_is_written(
                 f"{runtime_name}/claims/{hashlib.sha256(sid.encode()).hexdigest()}"
                 for sid in claimed
             ),
+            # prometheus_client's multiprocess files, named by kind and worker pid.
+            f"{runtime_name}/metrics",
         ]
     )
-    assert tree == expected
+    worker_pids = {w.split("-", 1)[0] for w in worker_ids}
+    metrics_files = [p for p in tree if p.startswith(f"{runtime_name}/metrics/")]
+    for path in metrics_files:
+        match = re.fullmatch(
+            r"(counter|histogram|gauge_live(all|sum))_(\d+)\.db", path.split("/")[-1]
+        )
+        assert match and match.group(3) in worker_pids, path
+    assert [p for p in tree if p not in metrics_files] == expected
     for path in server.claim_files():
         assert re.fullmatch(r"[0-9a-f]{64}", os.path.basename(path))
         with open(path) as file:
