@@ -35,7 +35,7 @@ demo: venv
 	$(BIN)/gym-sessions demo
 
 test: venv
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=15
 
 lint: venv
 	$(BIN)/ruff check .

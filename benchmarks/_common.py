@@ -105,6 +105,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+    """The loop uvicorn's ``loop="auto"`` picks: uvloop when installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop, "asyncio"
+    return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
+
+
 def load_note() -> str:
     """One line saying how busy the machine is right now."""
     one, five, fifteen = os.getloadavg()

@@ -13,12 +13,12 @@ worker "w1" owns half of the sessions, worker "w2" the other half, and ``w1``
 times, awaiting each coroutine on the event loop uvicorn's workers run (uvloop
 when installed):
 
-- `OwnedClaims.owner` for its own claims (the dict lookup every local request does),
-- `OwnedClaims.owner` for another worker's claims, file store (open, read, close)
+- `OwnedClaims.holder` for its own claims (the dict lookup every local request does),
+- `OwnedClaims.holder` for another worker's claims, file store (open, read, close)
   and Redis store (`RedisClaimStore.read`: one script round trip), which every
   forwarded request does on the accepting worker; also `RedisClaimStore.read`
   called directly,
-- `OwnedClaims.owner` for unclaimed ids (no file / no key),
+- `OwnedClaims.holder` for unclaimed ids (no file / no key),
 
 plus `create` (a session start's claim) on each store, and a few parts (the
 claim's sha256 name, a file read by hand, a Redis PING on the same client and
@@ -123,15 +123,6 @@ def read_raw(path: str) -> bytes:
         return os.read(fd, 256)
     finally:
         os.close(fd)
-
-
-def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
-    """The loop uvicorn's ``loop="auto"`` picks: uvloop when installed, else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop, "asyncio"
-    return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
 
 
 def redis_store(url: str, worker: str) -> RedisClaimStore:
@@ -307,7 +298,7 @@ def main() -> None:
     _common.needs("redis-server", "redis-server", "claim_lookup")
     print(_common.load_note())
     machine = _common.machine()  # before the run: its load average is the one at the start
-    loop_factory, loop_name = event_loop_factory()
+    loop_factory, loop_name = _common.event_loop_factory()
 
     base = tempfile.mkdtemp(prefix="gs-claims-", dir="/tmp")
     try:
