@@ -28,7 +28,6 @@ import asyncio
 import cProfile
 import pstats
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import _common
@@ -41,46 +40,10 @@ from starlette.routing import Route
 from envs.counter import CounterEnv
 from gym_sessions.server import GymEnvServer, WorkerApp
 from gym_sessions.settings import Settings
+from tests.asgi import ASGIApp, asgi_request
 
 SECRET = "framework-cost-" + "s" * 32
 STEP_BODY = b'{"action": 0}'
-ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
-
-
-async def call(app: ASGIApp, method: str, path: str, body: bytes, headers: list) -> tuple:
-    """One request as uvicorn hands it over; returns (status, headers, body)."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"worker"), (b"content-length", b"%d" % len(body)), *headers],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-    }
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-    replied = asyncio.Event()
-    messages: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        if pending:
-            return pending.pop()
-        await replied.wait()  # as uvicorn: a disconnect only after the reply
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        messages.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            replied.set()
-
-    await app(scope, receive, send)
-    start = messages[0]
-    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in messages)
 
 
 def bare_app() -> Starlette:
@@ -97,9 +60,9 @@ async def started_app(**settings: Any) -> tuple[WorkerApp, list]:
     app = WorkerApp(GymEnvServer(CounterEnv), Settings(workers=1, secret=SECRET, **settings))
     await app.startup()
     json_type = (b"content-type", b"application/json")
-    status, headers, _ = await call(app, "POST", "/reset", b"{}", [json_type])
-    assert status == 200, status
-    cookie = headers[b"set-cookie"].split(b";", 1)[0]
+    reply = await asgi_request(app, "POST", "/reset", b"{}", [json_type])
+    assert reply.status == 200, reply.status
+    cookie = reply.headers[b"set-cookie"].split(b";", 1)[0]
     return app, [json_type, (b"cookie", cookie)]
 
 
@@ -107,7 +70,7 @@ async def time_calls(app: ASGIApp, headers: list, calls: int) -> float:
     """Mean microseconds per ``/step`` over ``calls`` calls."""
     begin = time.perf_counter()
     for _ in range(calls):
-        await call(app, "POST", "/step", STEP_BODY, headers)
+        await asgi_request(app, "POST", "/step", STEP_BODY, headers)
     return (time.perf_counter() - begin) / calls * 1e6
 
 

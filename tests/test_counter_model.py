@@ -11,6 +11,7 @@ import pytest
 
 from envs import counter_model
 from envs.counter_model import MISTAKES, mistake_of
+from tests.asgi import asgi_request
 
 STEP_TOOL = {
     "type": "function",
@@ -21,31 +22,10 @@ STEP_TOOL = {
 async def call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
     """One request through the model's Starlette app; its status and JSON reply."""
     raw = b"" if body is None else json.dumps(body).encode()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"model"), (b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": raw, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    await counter_model.app(scope, receive, send)
-    body_bytes = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], json.loads(body_bytes)
+    reply = await asgi_request(
+        counter_model.app, method, path, raw, [(b"content-type", b"application/json")]
+    )
+    return reply.status, reply.json()
 
 
 async def play(task: dict[str, Any]) -> list[str]:

@@ -9,7 +9,6 @@ official client.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,73 +20,12 @@ from envs.counter import CounterEnv
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.server.env_server import GymEnvServer
 from gym_sessions.settings import Settings
+from tests.asgi import Reply, asgi_request
 
 SECRET = "mcp-endpoint-test-secret-" + "x" * 20
 TOKEN_HEADER = b"x-gym-session-token"
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 SERVER_ERROR = -32001
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[bytes, bytes]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-async def asgi_call(
-    app: WorkerApp,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    headers: list[tuple[bytes, bytes]] | None = None,
-) -> Reply:
-    """One HTTP request through ``app`` as uvicorn would hand it over."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"worker"),
-            (b"content-length", str(len(body)).encode()),
-            *(headers or []),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-    }
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-    replied = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        if pending:
-            return pending.pop(0)
-        # As uvicorn: after the body, http.disconnect only once the reply is
-        # complete (earlier, it would mean the client left, and the router
-        # cancels the handler).
-        await replied.wait()
-        return {"type": "http.disconnect"}
-
-    messages: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        messages.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            replied.set()
-
-    await app(scope, receive, send)
-    start, *rest = messages
-    assert start["type"] == "http.response.start"
-    assert rest and not rest[-1].get("more_body", False)
-    return Reply(start["status"], dict(start["headers"]), b"".join(m["body"] for m in rest))
 
 
 @dataclass
@@ -105,7 +43,7 @@ class McpPeer:
 
     async def start(self, initial: int = 0, **extra: Any) -> Session:
         body = json.dumps({"options": {"initial_count": initial}, **extra}).encode()
-        reply = await asgi_call(self.app, "POST", "/reset", body)
+        reply = await asgi_request(self.app, "POST", "/reset", body)
         assert reply.status == 200, reply.body
         start = reply.json()
         cookie = reply.headers[b"set-cookie"].split(b";", 1)[0]
@@ -124,7 +62,7 @@ class McpPeer:
             headers.append((TOKEN_HEADER, token if isinstance(token, bytes) else token.encode()))
         if cookie is not None:
             headers.append((b"cookie", cookie))
-        return await asgi_call(self.app, "POST", path, body, headers)
+        return await asgi_request(self.app, "POST", path, body, headers)
 
     async def rpc(self, message: dict[str, Any], token: str | None = None, **kw: Any) -> Reply:
         return await self.post(json.dumps(message).encode(), token, **kw)
@@ -391,7 +329,9 @@ async def test_a_token_with_another_sessions_cookie_acts_on_neither(peer):
 
 async def test_the_token_of_a_closed_session_is_409_session_closed(peer):
     session = await peer.start(1)
-    closed = await asgi_call(peer.app, "POST", "/close_session", b"", [(b"cookie", session.cookie)])
+    closed = await asgi_request(
+        peer.app, "POST", "/close_session", b"", [(b"cookie", session.cookie)]
+    )
     assert closed.status == 200 and closed.json()["outcome"] == "closed"
     reply = await peer.call("step", {"action": 1}, session.token)
     sid = session.start["resources_session_id"]
@@ -464,7 +404,7 @@ async def test_falsy_params_that_are_not_an_object_are_invalid_params(peer, para
 
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
 async def test_get_and_delete_are_405_allowing_post(peer, method):
-    reply = await asgi_call(peer.app, method, "/mcp")
+    reply = await asgi_request(peer.app, method, "/mcp")
     assert reply.status == 405
     assert reply.headers[b"allow"] == b"POST"
     assert reply.json() == {
@@ -473,7 +413,7 @@ async def test_get_and_delete_are_405_allowing_post(peer, method):
 
 
 async def test_put_is_405_too(peer):
-    reply = await asgi_call(peer.app, "PUT", "/mcp", b"{}")
+    reply = await asgi_request(peer.app, "PUT", "/mcp", b"{}")
     assert reply.status == 405
     assert reply.json()["error"]["code"] == "method_not_allowed"
 
@@ -498,5 +438,5 @@ async def test_the_routers_own_errors_on_mcp_are_json_rpc_errors(make_peer):
     assert framework_error(reply, 413, "body_too_large", None) == (
         "request body is larger than 64 bytes"
     )
-    plain = await asgi_call(peer.app, "POST", "/step", json.dumps(message).encode())
+    plain = await asgi_request(peer.app, "POST", "/step", json.dumps(message).encode())
     assert plain.status == 413 and plain.json()["error"]["code"] == "body_too_large"

@@ -10,9 +10,7 @@ processes are tested in ``tests/e2e/test_metrics.py``.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -27,58 +25,15 @@ from gym_sessions.routing.router import Served
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.server.env_server import GymEnvServer
 from gym_sessions.settings import Settings
+from tests.asgi import asgi_request
 
 SECRET = "metrics-unit-test-secret-" + "x" * 20
 TOKEN = "t" * 40
 
 
-@dataclass
-class Reply:
-    status: int
-    headers: dict[bytes, bytes]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-async def asgi_get(
-    app: WorkerApp,
-    path: str,
-    client: tuple[str, int] = ("127.0.0.1", 50000),
-    headers: list[tuple[bytes, bytes]] | None = None,
-    method: str = "GET",
-    body: bytes = b"",
-) -> Reply:
-    """One request through ``app`` as uvicorn would hand it over, from ``client``."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"worker"), (b"content-length", str(len(body)).encode())]
-        + (headers or []),
-        "client": client,
-        "server": ("127.0.0.1", 8000),
-    }
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return pending.pop(0) if pending else {"type": "http.disconnect"}
-
-    messages: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        messages.append(message)
-
-    await app(scope, receive, send)
-    start, *rest = messages
-    return Reply(start["status"], dict(start["headers"]), b"".join(m["body"] for m in rest))
+async def asgi_get(app: WorkerApp, path: str, *, method: str = "GET", **request: Any) -> Any:
+    """``asgi_request`` with the method last: most requests here are ``GET``."""
+    return await asgi_request(app, method, path, **request)
 
 
 def counter_app(**settings: Any) -> WorkerApp:
@@ -254,9 +209,8 @@ async def test_a_token_app_answers_the_token_only_with_a_challenge_otherwise():
     assert refused.status == 401
     assert refused.json()["error"]["code"] == "invalid_token"
     assert refused.headers[b"www-authenticate"].startswith(b"Bearer")
-    remote = await asgi_get(
-        app, "/metrics", ("192.0.2.7", 1), [(b"authorization", b"Bearer " + TOKEN.encode())]
-    )
+    bearer = [(b"authorization", b"Bearer " + TOKEN.encode())]
+    remote = await asgi_get(app, "/metrics", client=("192.0.2.7", 1), headers=bearer)
     assert remote.status == 200
 
 
