@@ -60,6 +60,9 @@ class ClaimState(enum.Enum):
     CLOSED = "closed"
     #: Ends as soon as its requests in flight finish.
     RELEASING = "releasing"
+    #: Taken over from a dead holder (durable sessions): the session is being
+    #: rebuilt from its snapshot; `RESTORED` makes it OPEN, `RESTORE_FAILED` ends it.
+    RESTORING = "restoring"
     #: Gone from memory (and its store key removed, unless another worker holds it).
     ENDED = "ended"
 
@@ -113,11 +116,15 @@ class ClaimEvent(enum.Enum):
     IDLE_TIMEOUT = "idle timeout"
     #: The store says another worker holds the claim now (a renewal, or a restore).
     TAKEN_ELSEWHERE = "taken elsewhere"
+    #: A taken-over session was rebuilt from its snapshot (`OwnedClaims.restored`).
+    RESTORED = "restored"
+    #: A taken-over session could not be rebuilt (`OwnedClaims.restore_failed`).
+    RESTORE_FAILED = "restore failed"
 
 
 def _transition_table() -> Mapping[tuple[ClaimState, ClaimEvent], ClaimState]:
     S, E = ClaimState, ClaimEvent
-    held = (S.CLAIMED, S.OPEN, S.RECORD, S.CLOSED, S.RELEASING)
+    held = (S.CLAIMED, S.OPEN, S.RECORD, S.CLOSED, S.RELEASING, S.RESTORING)
     table = {
         # The session started, or an agent's seed registered: a live session.
         # From OPEN it is a restart; from RECORD or CLOSED a start of the id again.
@@ -151,6 +158,10 @@ def _transition_table() -> Mapping[tuple[ClaimState, ClaimEvent], ClaimState]:
         (S.RELEASING, E.WINDOW_PASSED): S.ENDED,
         (S.OPEN, E.IDLE_TIMEOUT): S.CLOSED,
         **{(state, E.TAKEN_ELSEWHERE): S.ENDED for state in held},
+        # A takeover (durable sessions) enters RESTORING from no claim; the
+        # rebuild is synchronous, so no request and no sweep sees it meanwhile.
+        (S.RESTORING, E.RESTORED): S.OPEN,
+        (S.RESTORING, E.RESTORE_FAILED): S.ENDED,
     }
     return MappingProxyType(table)
 
@@ -320,6 +331,40 @@ class OwnedClaims:
             return self.worker_id
         await self._removed(session_id)
         return await self.store.read(session_id)
+
+    async def take_over(self, session_id: str, dead_holder: str) -> str | None:
+        """Take the claim of a dead holder over (durable sessions); ``None`` if this worker won.
+
+        The claim starts RESTORING here, with a placeholder incarnation that
+        `restored` replaces by the snapshot's. Otherwise returns the worker
+        that holds the claim now (``dead_holder``: nobody could take it).
+        """
+        if session_id in self._claims:
+            return None  # a request of ours took it over while this one waited
+        other = await self.store.take_over(session_id, dead_holder)
+        if other is not None:
+            return other
+        if session_id in self._claims:
+            # Cannot happen: the store lets one taker win, and this worker
+            # checked above with no await since. Keep the memory's claim.
+            logger.error("session %r was taken over twice by this worker", session_id)
+            return None
+        self._claims[session_id] = _Claim(idle_since=self._clock(), state=ClaimState.RESTORING)
+        return None
+
+    def restored(self, session_id: str, incarnation: Incarnation) -> None:
+        """The taken-over session was rebuilt: live here under its old incarnation."""
+        claim = self._claims.get(session_id)
+        if claim is None:
+            return
+        claim.incarnation = incarnation
+        self._transition(session_id, claim, ClaimEvent.RESTORED)
+
+    def restore_failed(self, session_id: str) -> None:
+        """The taken-over session could not be rebuilt: end the claim (and its snapshot)."""
+        claim = self._claims.get(session_id)
+        if claim is not None:
+            self._release(session_id, claim, ClaimEvent.RESTORE_FAILED)
 
     def incarnation(self, session_id: str) -> Incarnation:
         """The incarnation of a session this worker claims (see `session_access`)."""

@@ -1017,6 +1017,14 @@ class RedisClaimStore:
                     self.registry.remember(holder, registration, address)
                 return holder
 
+    async def take_over(self, session_id: str, dead_holder: str) -> str | None:
+        # Not built yet for Redis (docs/design.md §3.13): `Settings` refuses
+        # durable sessions with Redis claims, so no caller gets here.
+        return dead_holder
+
+    def holder_exited(self, worker_id: str) -> bool:
+        return False
+
     async def remove(self, session_id: str) -> None:
         name, value = self._mine(session_id)
         args = _RemoveArgs(

@@ -16,7 +16,7 @@ import tempfile
 
 from gym_sessions.errors import StartupError
 
-__all__ = ["RuntimeDirectory"]
+__all__ = ["RuntimeDirectory", "process_exists", "worker_process_exists"]
 
 _MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, with the terminating NUL
 
@@ -35,6 +35,19 @@ def process_exists(pid: int) -> bool:
     return True
 
 
+def worker_process_exists(worker_id: str) -> bool:
+    """Whether the process of worker ``worker_id`` (``<pid>-<hex>``) may still run.
+
+    ``True`` when the id names no pid (in-process test workers): a worker that
+    cannot be shown gone is treated as alive, never taken over.
+    """
+    try:
+        pid = int(worker_id.split("-", 1)[0])
+    except ValueError:
+        return True
+    return process_exists(pid)
+
+
 def _too_long(base: str) -> bool:
     return len(os.fsencode(base)) + 60 > _MAX_SOCKET_PATH
 
@@ -47,6 +60,7 @@ class RuntimeDirectory:
         self.claims_dir = os.path.join(path, "claims")
         self.workers_dir = os.path.join(path, "workers")
         self.states_dir = os.path.join(path, "states")
+        self.snapshots_dir = os.path.join(path, "snapshots")
 
     @classmethod
     def create(cls, base: str | None = None) -> RuntimeDirectory:
@@ -71,6 +85,7 @@ class RuntimeDirectory:
         os.mkdir(directory.claims_dir, 0o700)
         os.mkdir(directory.workers_dir, 0o700)
         os.mkdir(directory.states_dir, 0o700)
+        os.mkdir(directory.snapshots_dir, 0o700)
         return directory
 
     @staticmethod
@@ -116,6 +131,14 @@ class RuntimeDirectory:
     def claim_count(self) -> int:
         """How many claims exist (for tests and diagnostics)."""
         return sum(1 for name in os.listdir(self.claims_dir) if not name.startswith("."))
+
+    def snapshot_count(self) -> int:
+        """How many session snapshots exist (for tests and diagnostics)."""
+        try:
+            names = os.listdir(self.snapshots_dir)
+        except FileNotFoundError:
+            return 0
+        return sum(1 for name in names if not name.startswith("."))
 
     def mark(self, worker_id: str, state: str, present: bool = True) -> None:
         """Record (or, with ``present=False``, forget) that ``worker_id`` is in ``state``.

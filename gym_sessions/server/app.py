@@ -47,8 +47,13 @@ from gym_sessions.routing.redis_claims import (
     connect_redis_blocking,
 )
 from gym_sessions.routing.router import SessionRouter
-from gym_sessions.routing.runtime_dir import RuntimeDirectory, process_exists
+from gym_sessions.routing.runtime_dir import RuntimeDirectory, worker_process_exists
 from gym_sessions.routing.session_cookie import SessionCookieMiddleware
+from gym_sessions.routing.session_snapshots import (
+    FileSnapshotStore,
+    SessionSnapshots,
+    SnapshotCodec,
+)
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
 from gym_sessions.settings import Settings
@@ -65,14 +70,6 @@ _SERVING, _STOPPING = "serving", "stopping"
 #: The supervisor's mark (``server.stopping``): the whole server shuts down, so
 #: workers wait for each other; a worker stopping alone waits for nobody.
 SERVER_MARK = "server"
-
-
-def _process_alive(worker_id: str) -> bool:
-    try:
-        pid = int(worker_id.split("-", 1)[0])
-    except ValueError:
-        return True  # not a process's id (in-process test workers): cannot tell
-    return process_exists(pid)
 
 
 def new_worker_id() -> str:
@@ -129,6 +126,8 @@ class WorkerApp:
         self.registry: WorkerRegistry | None = None
         self.redis_store: RedisClaimStore | None = None
         store: ClaimStore = LocalClaimStore()
+        # Durable sessions need another worker to restore onto: file claims, workers > 1.
+        snapshot_store: FileSnapshotStore | None = None
         endpoints: WorkerEndpoints | None = None
         window = settings.session_close_retry_window_seconds
         if settings.routed and settings.redis_claims:
@@ -151,7 +150,9 @@ class WorkerApp:
             if settings.runtime_dir is None:
                 raise ValueError("a routed worker needs the runtime directory of its server")
             self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
-            store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
+            if settings.durable_sessions:
+                snapshot_store = FileSnapshotStore(self.runtime_dir.snapshots_dir)
+            store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id, snapshot_store)
             endpoints = UnixEndpoints(self.runtime_dir)
             self.forwarder = make_forwarder(endpoints)
         # Others may take this worker's claims over once its registration has
@@ -167,6 +168,17 @@ class WorkerApp:
             idle_timeout=settings.session_idle_timeout,
         )
         server.bind(settings, self.claims, self.credentials)
+        self.snapshots: SessionSnapshots | None = None
+        if snapshot_store is not None:
+            self.snapshots = server.snapshots = SessionSnapshots(
+                snapshot_store,
+                self.claims,
+                SnapshotCodec(settings.secret),
+                server.export_session,
+                server.import_session,
+                server.take_changed,
+                settings.max_snapshot_bytes,
+            )
 
         routes = server.routes()
         starlette = Starlette(
@@ -198,6 +210,7 @@ class WorkerApp:
             trust_session_ids=settings.trust_session_ids,
             worker_ids=endpoints.worker_ids if endpoints is not None else None,
             body_budget=BodyBudget(settings.max_inflight_body_bytes),
+            snapshots=self.snapshots,
         )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
@@ -313,7 +326,7 @@ class WorkerApp:
     def _others_still_serving(self) -> bool:
         assert self.coordination is not None
         waiting = self.coordination.workers_in(_SERVING) - self.coordination.workers_in(_STOPPING)
-        return any(_process_alive(worker_id) for worker_id in waiting)
+        return any(worker_process_exists(worker_id) for worker_id in waiting)
 
     async def shutdown(self) -> None:
         """Stop background work and the private listener; release this worker's sessions."""

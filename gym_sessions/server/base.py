@@ -8,7 +8,7 @@ both get the worker's settings, claims and credentials through `bind`, answer
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -19,6 +19,9 @@ from gym_sessions.credentials import SessionCredentials
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.session_ids import SessionIdSources
 from gym_sessions.settings import Settings
+
+if TYPE_CHECKING:
+    from gym_sessions.routing.session_snapshots import SessionSnapshots
 
 __all__ = ["SessionServer"]
 
@@ -41,6 +44,8 @@ class SessionServer:
     credentials: SessionCredentials
     #: Sessions this worker closed because they idled out.
     expired_total: int = 0
+    #: This worker's durable sessions (``--durable-sessions``), else ``None``.
+    snapshots: SessionSnapshots | None = None
 
     def bind(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
@@ -49,6 +54,7 @@ class SessionServer:
         self.settings = settings
         self.claims = claims
         self.credentials = credentials
+        self._changed: set[str] = set()
 
     def check_settings(self, settings: Settings) -> None:
         """Refuse settings this server cannot run with (raise `StartupError`).
@@ -84,6 +90,40 @@ class SessionServer:
     def release_all(self) -> None:
         """Drop every session's state (the worker is shutting down)."""
 
+    # Durable sessions (docs/design.md §3.13) -------------------------------------------
+
+    def export_session(self, session_id: str) -> bytes | None:
+        """The session's state as bytes for its snapshot, or ``None``: it is not durable.
+
+        Called after a request that changed the session (`session_changed`),
+        before its reply. Whatever it returns, `import_session` must rebuild
+        on another worker of the same server.
+        """
+        return None
+
+    def import_session(self, session_id: str, data: bytes) -> None:
+        """Rebuild ``session_id`` here from `export_session`'s bytes (its holder died)."""
+        raise NotImplementedError(f"{type(self).__name__} does not restore sessions")
+
+    def durability(self) -> str | None:
+        """How this server's sessions are captured, or ``None`` if they cannot be.
+
+        The supervisor logs one warning at start-up when durable sessions were
+        asked for and this is ``None``.
+        """
+        return None
+
+    def session_changed(self, session_id: str) -> None:
+        """A request changed the session's state: its snapshot is written before the reply."""
+        self._changed.add(session_id)
+
+    def take_changed(self, session_id: str) -> bool:
+        """Whether the session changed since the last call (and forget that it did)."""
+        if session_id in self._changed:
+            self._changed.discard(session_id)
+            return True
+        return False
+
     async def _health(self, request: Request) -> JSONResponse:
         return JSONResponse(
             {
@@ -93,6 +133,11 @@ class SessionServer:
                 "max_sessions": self.claims.max_sessions or None,
                 "expired_sessions": self.expired_total,
                 "draining": not self.claims.accepting_sessions,
+                **(
+                    {}
+                    if self.snapshots is None
+                    else {"restored_sessions": self.snapshots.restored_total}
+                ),
                 **self.metrics(),
             }
         )

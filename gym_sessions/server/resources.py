@@ -210,9 +210,15 @@ class ResourcesServer(SessionServer):
         body = AGGREGATE_BODY.validate(await read_json(request))
         return JSONResponse(aggregate_verify_responses(body["verify_responses"]))
 
+    def _forget_snapshot(self, sid: str) -> None:
+        # A closed or expired session must never come back from its snapshot.
+        if self.snapshots is not None:
+            self.snapshots.forget(sid)
+
     def _expire_idle(self, sid: str) -> None:
         """An open session idled out: close it as its client would have (410 from now on)."""
         self.claims.mark_not_open(sid)
+        self._forget_snapshot(sid)
         if self.closed.add(sid, expired=True):
             self.expired_total += 1
             self.release_session(sid)
@@ -220,6 +226,7 @@ class ResourcesServer(SessionServer):
     def _end(self, sid: str) -> str:
         """End the session: record the close, release its state, start its window."""
         self.claims.mark_not_open(sid)
+        self._forget_snapshot(sid)
         if not self.closed.add(sid):
             return "already_closed"
         try:

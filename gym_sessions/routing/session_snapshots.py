@@ -1,0 +1,303 @@
+"""Durable sessions: a live session's snapshot beside its claim, and its restore (design §3.13).
+
+With ``--durable-sessions`` the holder writes a snapshot of every live session
+a request changed *before* that request's reply goes out, so what a client saw
+is what a restore gives back. When the holder has died (its private socket
+refuses and its process is gone), the worker that accepted the next request
+for the session takes its claim over (`FileClaimStore.take_over`: exactly one
+worker wins), rebuilds the session from the snapshot and serves the request.
+
+A snapshot holds the session's `Incarnation` (so the client's cookie, token and
+``session_key`` keep working, and nothing else starts to) and the bytes the
+server's ``export_session`` gave. Its format (`SnapshotCodec`)::
+
+    b"GSS1" | MAC (32 bytes) | header length (4 bytes, big endian) | header JSON | session bytes
+
+The header is ``{"nonce": ..., "key_digest": hex or null, "bound": bool}``. The
+MAC is HMAC-SHA256 keyed by HMAC-SHA256(secret, ``"gym-sessions/session-snapshots"``)
+over the claim name and everything after the MAC, each prefixed by its 8-byte
+length: a snapshot cannot be forged, altered or moved to another session, and
+one that does not verify is never decoded (the session bytes may be a pickle).
+
+Snapshots live in ``<runtime dir>/snapshots/<claim name>`` (file claims),
+written as a temporary file and renamed into place, mode 0600 in the 0700
+runtime directory; they end with their claims (`FileClaimStore.remove`) and
+with the server. They survive the death of a process, not of the host: they
+are not synced to disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gym_sessions.routing.claim_store import claim_name
+from gym_sessions.routing.owned_claims import ClaimState, OwnedClaims
+from gym_sessions.routing.session_access import Incarnation
+
+__all__ = [
+    "DEFAULT_MAX_SNAPSHOT_BYTES",
+    "FileSnapshotStore",
+    "RestoreOutcome",
+    "SessionSnapshots",
+    "Snapshot",
+    "SnapshotCodec",
+]
+
+logger = logging.getLogger("gym_sessions.routing")
+
+DEFAULT_MAX_SNAPSHOT_BYTES = 8 * 1024 * 1024
+_MAGIC = b"GSS1"
+_MAC_BYTES = 32
+_LENGTH = struct.Struct(">I")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a restore needs: who the session belongs to and the server's own state of it."""
+
+    incarnation: Incarnation
+    session: bytes
+
+
+class SnapshotCodec:
+    """Encodes snapshots and decodes only those signed with this server's secret.
+
+    Args:
+        secret: The server secret; a key for snapshots alone is derived from it.
+    """
+
+    def __init__(self, secret: str) -> None:
+        purpose = b"gym-sessions/session-snapshots"
+        self._key = hmac.new(secret.encode(), purpose, hashlib.sha256).digest()
+
+    def _mac(self, name: str, rest: bytes) -> bytes:
+        message = b"".join(
+            struct.pack(">Q", len(part)) + part for part in (b"snapshot", name.encode(), rest)
+        )
+        return hmac.new(self._key, message, hashlib.sha256).digest()
+
+    def encode(self, session_id: str, snapshot: Snapshot) -> bytes:
+        """The signed bytes of ``snapshot`` of ``session_id``."""
+        incarnation = snapshot.incarnation
+        digest = incarnation.key_digest
+        header = json.dumps(
+            {
+                "nonce": incarnation.nonce,
+                "key_digest": None if digest is None else digest.hex(),
+                "bound": incarnation.bound,
+            },
+            separators=(",", ":"),
+        ).encode()
+        rest = _LENGTH.pack(len(header)) + header + snapshot.session
+        return _MAGIC + self._mac(claim_name(session_id), rest) + rest
+
+    def decode(self, session_id: str, data: bytes) -> Snapshot | None:
+        """The snapshot in ``data``, or ``None`` if it is not one of ``session_id`` signed here."""
+        head = len(_MAGIC) + _MAC_BYTES
+        if len(data) < head + _LENGTH.size or not data.startswith(_MAGIC):
+            return None
+        mac, rest = data[len(_MAGIC) : head], data[head:]
+        if not hmac.compare_digest(mac, self._mac(claim_name(session_id), rest)):
+            return None
+        (length,) = _LENGTH.unpack_from(rest)
+        try:
+            header = json.loads(rest[_LENGTH.size : _LENGTH.size + length])
+            digest = header["key_digest"]
+            incarnation = Incarnation(
+                nonce=str(header["nonce"]),
+                key_digest=None if digest is None else bytes.fromhex(digest),
+                bound=bool(header["bound"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None  # signed by us but not readable: a bug, never a forgery
+        return Snapshot(incarnation, rest[_LENGTH.size + length :])
+
+
+class FileSnapshotStore:
+    """Snapshots as files in the runtime directory's ``snapshots/`` (one host)."""
+
+    def __init__(self, snapshots_dir: str) -> None:
+        self.snapshots_dir = snapshots_dir
+
+    def path(self, session_id: str) -> str:
+        """Where ``session_id``'s snapshot lives: named by the claim's hash, never by the id."""
+        return os.path.join(self.snapshots_dir, claim_name(session_id))
+
+    def save(self, session_id: str, data: bytes) -> None:
+        """Replace the snapshot atomically: a reader sees the old one or the new one, whole."""
+        tmp = os.path.join(self.snapshots_dir, f".tmp-{secrets.token_hex(8)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=True) as file:
+                file.write(data)
+            os.replace(tmp, self.path(session_id))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def load(self, session_id: str, limit: int) -> bytes | None:
+        """The snapshot's bytes; ``None`` if there is none or it is larger than ``limit``."""
+        try:
+            with open(self.path(session_id), "rb") as file:
+                data = file.read(limit + 1)
+        except FileNotFoundError:
+            return None
+        return None if len(data) > limit else data
+
+    def remove(self, session_id: str) -> None:
+        """Remove the snapshot, if any."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(session_id))
+
+
+@dataclass(frozen=True)
+class RestoreOutcome:
+    """What `SessionSnapshots.restore` found.
+
+    Attributes:
+        restored: This worker holds the session now, rebuilt from its snapshot.
+        holder: Otherwise, the worker that holds it now (another worker won the
+            takeover), or ``None``: the session cannot be restored (410).
+    """
+
+    restored: bool
+    holder: str | None = None
+
+
+class SessionSnapshots:
+    """One worker's durable sessions: writes their snapshots and restores dead holders' ones.
+
+    Args:
+        store: Where snapshots live.
+        claims: This worker's claims (a restore takes the claim over through them).
+        codec: Signs and checks snapshots.
+        export_session: The server's hook: the session's state as bytes, or
+            ``None`` if it has none that can be captured.
+        import_session: The server's hook: rebuild the session from those bytes.
+        take_changed: The server's record of sessions a request changed
+            (`SessionServer.take_changed`): only those are written again.
+        max_bytes: A larger snapshot is not kept: the session is served but not
+            durable (logged once per session).
+    """
+
+    def __init__(
+        self,
+        store: FileSnapshotStore,
+        claims: OwnedClaims,
+        codec: SnapshotCodec,
+        export_session: Callable[[str], bytes | None],
+        import_session: Callable[[str, bytes], None],
+        take_changed: Callable[[str], bool],
+        max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+    ) -> None:
+        self.take_changed = take_changed
+        self.store = store
+        self.claims = claims
+        self.codec = codec
+        self.export_session = export_session
+        self.import_session = import_session
+        self.max_bytes = max_bytes
+        # Sessions already logged as not durable (too large, or not capturable).
+        self._logged: set[str] = set()
+        self.restored_total = 0
+
+    def after_request(self, session_id: str, *, held: bool) -> None:
+        """A request's reply is about to start: write the snapshot if the request changed it.
+
+        ``held``: this worker holds the claim. A request served without the
+        claim (its reply turned into a 409) must not touch the holder's snapshot.
+        """
+        if self.take_changed(session_id) and held:
+            self.save(session_id)
+
+    def save(self, session_id: str) -> None:
+        """Write the snapshot of a session a request changed (before its reply is sent).
+
+        Only a live (`ClaimState.OPEN`) session held here has one; any other
+        state removes it, so a closed or failed session is never brought back.
+        """
+        if self.claims.state(session_id) is not ClaimState.OPEN:
+            self.forget(session_id)
+            return
+        try:
+            session = self.export_session(session_id)
+        except Exception:
+            logger.exception("capturing session %r failed: it is not durable", session_id)
+            session = None
+        if session is None:
+            self._not_durable(session_id, "its state cannot be captured")
+            return
+        data = self.codec.encode(session_id, Snapshot(self.claims.incarnation(session_id), session))
+        if len(data) > self.max_bytes:
+            self._not_durable(
+                session_id, f"its snapshot ({len(data)} bytes) exceeds --max-snapshot-bytes"
+            )
+            return
+        try:
+            self.store.save(session_id, data)
+        except OSError:
+            # A stale snapshot would restore a state the client never saw last:
+            # better none (410 if the worker dies) than that.
+            logger.exception("writing the snapshot of session %r failed", session_id)
+            self.store.remove(session_id)
+
+    def _not_durable(self, session_id: str, why: str) -> None:
+        # An older snapshot must not outlive the state it no longer describes.
+        self.store.remove(session_id)
+        if session_id not in self._logged:
+            self._logged.add(session_id)
+            logger.warning("session %r is served but not durable: %s", session_id, why)
+
+    def forget(self, session_id: str) -> None:
+        """The session's state is gone here (closed, expired): so is its snapshot."""
+        self._logged.discard(session_id)
+        self.store.remove(session_id)
+
+    def _load(self, session_id: str) -> Snapshot | None:
+        data = self.store.load(session_id, self.max_bytes)
+        if data is None:
+            return None
+        snapshot = self.codec.decode(session_id, data)
+        if snapshot is None:
+            logger.error(
+                "the snapshot of session %r is not signed with this server's secret: ignored",
+                session_id,
+            )
+        return snapshot
+
+    async def restore(self, session_id: str, dead_holder: str) -> RestoreOutcome:
+        """Take over ``session_id`` from ``dead_holder`` and rebuild it here from its snapshot.
+
+        The caller established that ``dead_holder`` is gone. Without a valid
+        snapshot nothing is touched (the session answers 410 as before).
+        """
+        if self._load(session_id) is None:
+            return RestoreOutcome(False)
+        other = await self.claims.take_over(session_id, dead_holder)
+        if other is not None:
+            return RestoreOutcome(False, None if other == dead_holder else other)
+        # Read again under our claim: the dead holder can no longer write it,
+        # and every other taker lost, so this is the session's last state.
+        snapshot = self._load(session_id)
+        try:
+            if snapshot is None:
+                raise ValueError("the snapshot vanished or stopped verifying")
+            self.import_session(session_id, snapshot.session)
+        except Exception:
+            logger.exception("restoring session %r from its snapshot failed", session_id)
+            self.claims.restore_failed(session_id)
+            return RestoreOutcome(False)
+        self.claims.restored(session_id, snapshot.incarnation)
+        self.restored_total += 1
+        logger.info("session %r restored here from the snapshot of %s", session_id, dead_holder)
+        return RestoreOutcome(True)
