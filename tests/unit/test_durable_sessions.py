@@ -1,0 +1,309 @@
+"""Durable sessions (docs/design.md §3.13) with in-process workers sharing a real runtime directory.
+
+Workers get ids naming processes that have exited (`dead_worker_id`), so once
+one is killed (`Worker.kill`: its private socket refuses, its memory stays
+unreachable) the others can tell it is gone, as with a SIGKILLed process. The
+takeover race itself runs in real processes racing on one claim file.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import threading
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+from envs.counter import CounterEnv
+from gym_sessions.routing.claim_store import FileClaimStore
+from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.routing.session_access import Incarnation
+from gym_sessions.routing.session_snapshots import FileSnapshotStore, Snapshot, SnapshotCodec
+from gym_sessions.server.env_server import GymEnvServer, env_capture_method
+
+from .cluster import SECRET, Cluster, dead_worker_id, new_id
+
+WINDOW = 5.0
+
+
+def counter_server() -> GymEnvServer:
+    return GymEnvServer(CounterEnv, name="counter")
+
+
+def cartpole_server() -> GymEnvServer:
+    return GymEnvServer(functools.partial(gym.make, "CartPole-v1"), name="cartpole")
+
+
+class LockedCounter(CounterEnv):
+    """A counter holding a lock: pickle refuses it and it has no get_state, so it is not durable."""
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__(render_mode)
+        self.lock = threading.Lock()
+
+
+class StatefulCounter(CounterEnv):
+    """A counter that captures itself with ``get_state`` / ``set_state`` instead of pickle."""
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__(render_mode)
+        self.lock = threading.Lock()  # would defeat pickle: get_state must be what is used
+
+    def get_state(self) -> bytes:
+        return f"{self.count},{self.expected_count}".encode()
+
+    def set_state(self, state: bytes) -> None:
+        count, expected = state.decode().split(",")
+        self.count = int(count)
+        self.expected_count = None if expected == "None" else int(expected)
+
+
+@pytest.fixture
+def durable(start_clusters):
+    async def make(make_server: Any = counter_server, n: int = 3, **kw: Any) -> Cluster:
+        kw.setdefault("session_close_retry_window_seconds", WINDOW)
+        kw.setdefault("durable_sessions", True)
+        ids = [dead_worker_id() for _ in range(n)]
+        return await start_clusters(make_server, n, worker_ids=ids, **kw)
+
+    return make
+
+
+async def start_counter(c: Cluster, index: int, sid: str, initial: int = 5, expected: int = 8):
+    options = {"initial_count": initial, "expected_count": expected}
+    reply = await c[index].request(
+        "POST", "/reset", {"resources_session_id": sid, "options": options}
+    )
+    assert reply.status == 200, reply.json
+    return reply.cookie
+
+
+def restored_total(c: Cluster) -> int:
+    return sum(w.app.snapshots.restored_total for w in c.workers if w.app.snapshots)
+
+
+async def test_a_dead_holders_session_continues_on_the_worker_that_gets_its_next_request(durable):
+    c = await durable()
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    for action in (1, 1):
+        step = await c[0].request("POST", "/step", {"action": action}, cookie=cookie)
+        assert step.status == 200
+    assert step.json["observation"] == 7
+    assert c.runtime_dir is not None and c.runtime_dir.snapshot_count() == 1
+    await c[0].kill()
+    # The client's cookie of the first incarnation keeps working: no error, same count.
+    step = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
+    assert step.status == 200, step.json
+    assert step.json["observation"] == 8
+    assert c.claim_owner(sid) == c[1].id
+    # Other workers now forward to the new holder; the old incarnation's proof still holds.
+    observe = await c[2].request("POST", "/observe", {}, cookie=cookie)
+    assert observe.status == 200 and observe.json == {"observation": 8, "episode_length": 3}
+    verify = await c[2].request("POST", "/verify", cookie=cookie)
+    assert verify.status == 200 and verify.json["reward"] == 1.0
+    assert restored_total(c) == 1
+
+
+async def test_an_id_alone_never_reaches_a_restored_session(durable):
+    c = await durable()
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    await c[0].kill()
+    # The attacker knows the id: a typed start with another key is refused (the
+    # restore keeps the session's bound key), and so is a forged-looking cookie.
+    attack = await c[1].request(
+        "POST", "/reset", {"resources_session_id": sid, "session_key": "x" * 24}
+    )
+    assert attack.status == 409, attack.json
+    stranger = await c[2].request("POST", "/step", {"action": 3}, cookie=c.cookie_for(sid))
+    assert stranger.status == 409, stranger.json
+    # The owner's cookie reaches it, untouched by those attempts.
+    observe = await c[2].request("POST", "/observe", {}, cookie=cookie)
+    assert observe.status == 200 and observe.json["observation"] == 5
+    # And the owner's session_key restarts it (typed start, no cookie).
+    restart = await c[2].request("POST", "/reset", {"resources_session_id": sid})
+    assert restart.status == 200, restart.json
+
+
+async def test_many_workers_racing_to_restore_one_session_leave_exactly_one_env(durable):
+    c = await durable(n=6)
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    await c[0].kill()
+    replies = await _gather(
+        [w.request("POST", "/observe", {}, cookie=cookie) for w in c.workers[1:] for _ in range(3)]
+    )
+    assert [r.status for r in replies] == [200] * 15
+    assert {r.json["observation"] for r in replies} == {5}
+    assert restored_total(c) == 1
+    holders = [w for w in c.workers[1:] if sid in w.server._sessions]
+    assert [w.id for w in holders] == [c.claim_owner(sid)]
+
+
+async def _gather(coroutines):
+    import asyncio
+
+    return await asyncio.gather(*coroutines)
+
+
+def _race(claims_dir: str, sid: str, dead: str, barrier: Any, results: Any) -> None:
+    store = FileClaimStore(claims_dir, f"taker-{os.getpid()}")
+    barrier.wait()
+    outcome = store.take_over_now(sid, dead)
+    results.put((store.worker_id, outcome))
+
+
+def test_of_processes_racing_to_take_over_one_claim_exactly_one_wins(short_tmp):
+    # Real processes, released together by a barrier, on one claim file: the
+    # O_EXCL lock and the compare under it admit one taker per dead holder.
+    context = multiprocessing.get_context("fork")
+    runtime = RuntimeDirectory.create(short_tmp)
+    dead = dead_worker_id()
+    for round_ in range(20):
+        sid = f"race-{round_}"
+        assert FileClaimStore(runtime.claims_dir, dead).create_now(sid) is None
+        barrier = context.Barrier(8)
+        results = context.Queue()
+        takers = [
+            context.Process(target=_race, args=(runtime.claims_dir, sid, dead, barrier, results))
+            for _ in range(8)
+        ]
+        for taker in takers:
+            taker.start()
+        outcomes = [results.get(timeout=30) for _ in takers]
+        for taker in takers:
+            taker.join(timeout=30)
+        winners = [worker for worker, outcome in outcomes if outcome is None]
+        assert len(winners) == 1, outcomes
+        holder = FileClaimStore(runtime.claims_dir, "reader").read_now(sid)
+        assert holder == winners[0]
+        # Losers saw the lock held (the dead holder) or the winner: never themselves.
+        assert all(outcome in (dead, holder) for _, outcome in outcomes if outcome is not None)
+    assert not [name for name in os.listdir(runtime.claims_dir) if name.startswith(".")]
+
+
+async def test_a_forged_snapshot_is_never_loaded(durable, caplog):
+    c = await durable()
+    assert c.runtime_dir is not None
+    snapshots = FileSnapshotStore(c.runtime_dir.snapshots_dir)
+    forged_sid, moved_sid, other_secret_sid = new_id(), new_id(), new_id()
+    cookies = {
+        sid: await start_counter(c, 0, sid) for sid in (forged_sid, moved_sid, other_secret_sid)
+    }
+    # Garbage in place of a snapshot; another session's genuine snapshot moved
+    # over this one's; a well-formed snapshot signed with another secret.
+    with open(snapshots.path(forged_sid), "r+b") as file:
+        data = bytearray(file.read())
+        data[-1] ^= 1
+        file.seek(0)
+        file.write(data)
+    donor = new_id()
+    await start_counter(c, 0, donor, initial=40)
+    os.replace(snapshots.path(donor), snapshots.path(moved_sid))
+    alien = SnapshotCodec("another-secret-" + "y" * 20).encode(
+        other_secret_sid, Snapshot(Incarnation(bound=True), b"not even a pickle")
+    )
+    snapshots.save(other_secret_sid, alien)
+    await c[0].kill()
+    with caplog.at_level(logging.ERROR, logger="gym_sessions.routing"):
+        for sid, cookie in cookies.items():
+            reply = await c[1].request("POST", "/observe", {}, cookie=cookie)
+            assert reply.status == 410 and reply.json["error"]["code"] == "session_gone"
+            assert c.claim_owner(sid) == c[0].id  # nothing was taken over
+    assert caplog.text.count("not signed with this server's secret") == 3
+    assert restored_total(c) == 0
+    # A genuine snapshot is signed for its session and this server's secret only.
+    codec = SnapshotCodec(SECRET)
+    blob = codec.encode("a", Snapshot(Incarnation(), b"x"))
+    assert codec.decode("a", blob) is not None and codec.decode("b", blob) is None
+
+
+async def test_an_oversized_snapshot_is_not_kept_and_its_session_gets_410(durable, caplog):
+    c = await durable(max_snapshot_bytes=64)
+    sid = new_id()
+    with caplog.at_level(logging.WARNING, logger="gym_sessions.routing"):
+        cookie = await start_counter(c, 0, sid)
+        for _ in range(3):
+            assert (await c[0].request("POST", "/step", {"action": 1}, cookie=cookie)).status == 200
+    assert caplog.text.count("exceeds --max-snapshot-bytes") == 1  # once per session
+    assert c.runtime_dir is not None and c.runtime_dir.snapshot_count() == 0
+    await c[0].kill()
+    reply = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
+    assert reply.status == 410
+
+
+async def test_an_env_that_cannot_be_captured_gets_410_as_without_durability(durable, caplog):
+    c = await durable(functools.partial(GymEnvServer, LockedCounter))
+    assert c[0].server.durability() is None
+    assert env_capture_method(LockedCounter()) is None
+    sid = new_id()
+    with caplog.at_level(logging.WARNING, logger="gym_sessions.routing"):
+        cookie = await start_counter(c, 0, sid)
+        assert (await c[0].request("POST", "/step", {"action": 1}, cookie=cookie)).status == 200
+    assert caplog.text.count("is served but not durable") == 1
+    await c[0].kill()
+    reply = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
+    assert reply.status == 410 and c.claim_owner(sid) == c[0].id
+
+
+async def test_an_env_with_get_state_is_captured_by_it(durable):
+    c = await durable(functools.partial(GymEnvServer, StatefulCounter))
+    assert env_capture_method(StatefulCounter()) == "get_state"
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid, initial=2, expected=5)
+    assert (await c[0].request("POST", "/step", {"action": 2}, cookie=cookie)).status == 200
+    await c[0].kill()
+    step = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
+    assert step.status == 200 and step.json["observation"] == 5
+    verify = await c[1].request("POST", "/verify", cookie=cookie)
+    assert verify.json["reward"] == 1.0 and verify.json["episode_length"] == 2
+
+
+async def test_snapshots_end_with_their_sessions_and_claims(durable):
+    c = await durable()
+    assert c.runtime_dir is not None
+    closed, verified, idle = new_id(), new_id(), new_id()
+    cookies = {sid: await start_counter(c, 1, sid) for sid in (closed, verified, idle)}
+    assert c.runtime_dir.snapshot_count() == 3
+    close = await c[0].request("POST", "/close_session", {"resources_session_id": closed})
+    assert close.status == 200 and close.json["outcome"] == "closed"
+    assert (await c[2].request("POST", "/verify", cookie=cookies[verified])).status == 200
+    # Closed and verified: their snapshots went with their state, before the reply.
+    assert c.runtime_dir.snapshot_count() == 1
+    # The claim's end removes the snapshot too (the store removes both).
+    c[1].app.claims.release_now(idle)
+    await c[1].app.claims.wait_for_store()
+    assert c.runtime_dir.snapshot_count() == 0
+    assert c.claim_owner(idle) is None
+
+
+async def test_a_seeded_cartpole_episode_restored_midway_matches_an_uninterrupted_one(durable):
+    c = await durable(cartpole_server)
+
+    async def episode(sid: str, kill_after: int | None) -> list[Any]:
+        start = await c[0].request("POST", "/reset", {"resources_session_id": sid, "seed": 7})
+        cookie, observations = start.cookie, [start.json["observation"]]
+        for index in range(30):
+            if index == kill_after:
+                await c[0].kill()
+            worker = c[1] if kill_after is not None and index >= kill_after else c[0]
+            step = await worker.request("POST", "/step", {"action": index % 2}, cookie=cookie)
+            assert step.status == 200, step.json
+            observations.append(step.json["observation"])
+            if step.json["terminated"] or step.json["truncated"]:
+                break
+        # The env's RNG came along: an unseeded reset draws the same start.
+        again = await worker.request("POST", "/reset", {"resources_session_id": sid})
+        observations.append(again.json["observation"])
+        return observations
+
+    uninterrupted = await episode(new_id(), None)
+    restored = await episode(new_id(), 4)
+    assert len(uninterrupted) > 6  # the kill came mid-episode
+    assert restored == uninterrupted
+    assert restored_total(c) == 1
