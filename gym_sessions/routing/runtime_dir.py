@@ -45,7 +45,23 @@ def worker_process_exists(worker_id: str) -> bool:
         pid = int(worker_id.split("-", 1)[0])
     except ValueError:
         return True
-    return process_exists(pid)
+    return process_exists(pid) and not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A process that has exited but is not reaped yet (its parent reaps it within a second).
+
+    A SIGKILLed worker stays a zombie until the supervisor reaps it, and
+    ``kill(pid, 0)`` still succeeds on it; it runs no code and holds no
+    socket. Linux only (``/proc``); elsewhere a zombie counts as alive.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may hold any byte.
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
 
 
 def _too_long(base: str) -> bool:
