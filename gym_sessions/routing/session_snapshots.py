@@ -188,6 +188,9 @@ class SessionSnapshots:
             (`SessionServer.take_changed`): only those are written again.
         max_bytes: A larger snapshot is not kept: the session is served but not
             durable (logged once per session).
+        capturable: The server's sessions can be captured at all
+            (`SessionServer.durability`); if not, nothing is written (the
+            supervisor said so once at start-up) and no session is restored.
     """
 
     def __init__(
@@ -199,8 +202,10 @@ class SessionSnapshots:
         import_session: Callable[[str, bytes], None],
         take_changed: Callable[[str], bool],
         max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+        capturable: bool = True,
     ) -> None:
         self.take_changed = take_changed
+        self.capturable = capturable
         self.store = store
         self.claims = claims
         self.codec = codec
@@ -217,7 +222,7 @@ class SessionSnapshots:
         ``held``: this worker holds the claim. A request served without the
         claim (its reply turned into a 409) must not touch the holder's snapshot.
         """
-        if self.take_changed(session_id) and held:
+        if self.take_changed(session_id) and held and self.capturable:
             self.save(session_id)
 
     def save(self, session_id: str) -> None:

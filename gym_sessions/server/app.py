@@ -178,6 +178,7 @@ class WorkerApp:
                 server.import_session,
                 server.take_changed,
                 settings.max_snapshot_bytes,
+                capturable=server.durability() is not None,
             )
 
         routes = server.routes()

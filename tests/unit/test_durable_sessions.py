@@ -19,6 +19,7 @@ import gymnasium as gym
 import pytest
 
 from envs.counter import CounterEnv
+from gym_sessions.cli import _report_durability
 from gym_sessions.routing.claim_store import FileClaimStore
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.session_access import Incarnation
@@ -89,7 +90,12 @@ def restored_total(c: Cluster) -> int:
 async def test_a_dead_holders_session_continues_on_the_worker_that_gets_its_next_request(durable):
     c = await durable()
     sid = new_id()
-    cookie = await start_counter(c, 0, sid)
+    start = await c[0].request(
+        "POST",
+        "/reset",
+        {"resources_session_id": sid, "options": {"initial_count": 5, "expected_count": 8}},
+    )
+    cookie, token = start.cookie, start.json["mcp"]["headers"]["X-Gym-Session-Token"]
     for action in (1, 1):
         step = await c[0].request("POST", "/step", {"action": action}, cookie=cookie)
         assert step.status == 200
@@ -104,6 +110,15 @@ async def test_a_dead_holders_session_continues_on_the_worker_that_gets_its_next
     # Other workers now forward to the new holder; the old incarnation's proof still holds.
     observe = await c[2].request("POST", "/observe", {}, cookie=cookie)
     assert observe.status == 200 and observe.json == {"observation": 8, "episode_length": 3}
+    # So does the session's MCP token (it carries the same incarnation).
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "observe", "arguments": {}},
+    }
+    mcp = await c[2].request("POST", "/mcp", call, headers={"X-Gym-Session-Token": token})
+    assert mcp.status == 200 and mcp.json["result"]["structuredContent"]["observation"] == 8
     verify = await c[2].request("POST", "/verify", cookie=cookie)
     assert verify.status == 200 and verify.json["reward"] == 1.0
     assert restored_total(c) == 1
@@ -241,11 +256,17 @@ async def test_an_env_that_cannot_be_captured_gets_410_as_without_durability(dur
     c = await durable(functools.partial(GymEnvServer, LockedCounter))
     assert c[0].server.durability() is None
     assert env_capture_method(LockedCounter()) is None
+    # One line at start-up says so (the supervisor's), none per session.
+    with caplog.at_level(logging.WARNING):
+        _report_durability(c[0].server, c.settings)
+    assert "sessions cannot be captured" in caplog.text
+    caplog.clear()
     sid = new_id()
     with caplog.at_level(logging.WARNING, logger="gym_sessions.routing"):
         cookie = await start_counter(c, 0, sid)
         assert (await c[0].request("POST", "/step", {"action": 1}, cookie=cookie)).status == 200
-    assert caplog.text.count("is served but not durable") == 1
+    assert "durable" not in caplog.text
+    assert c.runtime_dir is not None and c.runtime_dir.snapshot_count() == 0
     await c[0].kill()
     reply = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
     assert reply.status == 410 and c.claim_owner(sid) == c[0].id
