@@ -111,8 +111,8 @@ class Settings:
         durable_sessions: After every request that changed a live session,
             write its snapshot beside its claim before the reply, so the session
             outlives its worker: the next request after the worker died restores
-            it elsewhere instead of 410 (file claims only; envs that can be
-            captured only: docs/design.md §3.13).
+            it elsewhere instead of 410 (envs that can be captured only:
+            docs/design.md §3.13).
         max_snapshot_bytes: A session whose snapshot is larger is served but
             not durable (logged once per session).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
@@ -170,11 +170,6 @@ class Settings:
             raise ValueError("session_idle_timeout must be 0 (never) or positive")
         if self.max_snapshot_bytes < 1:
             raise ValueError("max_snapshot_bytes must be positive")
-        if self.durable_sessions and self.redis_claims:
-            raise ValueError(
-                "durable sessions need file claims (one host) for now: snapshots in Redis are "
-                "not built yet"
-            )
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be positive")
         if self.max_inflight_body_bytes < self.max_body_bytes:

@@ -84,8 +84,11 @@ class ClaimStore(Protocol):
         The caller must know ``dead_holder`` is gone (`holder_exited`).
         """
 
-    def holder_exited(self, worker_id: str) -> bool:
-        """Whether ``worker_id`` is known to have exited (so its claims may be taken over)."""
+    async def holder_exited(self, worker_id: str) -> bool:
+        """Whether ``worker_id``, which just refused a connection, is known to have exited.
+
+        Only then may its claims be taken over (a slow worker never is).
+        """
 
 
 @contextlib.contextmanager
@@ -154,7 +157,7 @@ class FileClaimStore:
     async def expire(self, session_id: str, seconds: float) -> bool:
         return True
 
-    def holder_exited(self, worker_id: str) -> bool:
+    async def holder_exited(self, worker_id: str) -> bool:
         return worker_id != self.worker_id and not worker_process_exists(worker_id)
 
     async def take_over(self, session_id: str, dead_holder: str) -> str | None:
@@ -273,5 +276,5 @@ class LocalClaimStore:
     async def take_over(self, session_id: str, dead_holder: str) -> str | None:
         return None  # one worker: nobody else could hold it
 
-    def holder_exited(self, worker_id: str) -> bool:
+    async def holder_exited(self, worker_id: str) -> bool:
         return False  # one worker never sees another's claim

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError
+from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError, SessionGoneError
 from gym_sessions.routing.claim_store import ClaimStore
 from gym_sessions.routing.session_access import Incarnation
 
@@ -184,6 +184,8 @@ class _Claim:
     # holds while bringing the store in line.
     expiry: StoreExpiry = StoreExpiry.HELD
     lock: asyncio.Lock | None = None
+    # Set once a RESTORING claim's restore ended (either way); requests wait for it.
+    restore_done: asyncio.Event | None = None
 
     @property
     def wanted_expiry(self) -> StoreExpiry:
@@ -337,19 +339,23 @@ class OwnedClaims:
 
         The claim starts RESTORING here, with a placeholder incarnation that
         `restored` replaces by the snapshot's. Otherwise returns the worker
-        that holds the claim now (``dead_holder``: nobody could take it).
+        that holds the claim now: this worker's id if another of its requests
+        won (its restore may still run: `enter` waits for it), ``dead_holder``
+        if nobody could take it.
         """
         if session_id in self._claims:
-            return None  # a request of ours took it over while this one waited
+            return self.worker_id  # another request of ours took it over (or is restoring it)
         other = await self.store.take_over(session_id, dead_holder)
         if other is not None:
             return other
         if session_id in self._claims:
-            # Cannot happen: the store lets one taker win, and this worker
-            # checked above with no await since. Keep the memory's claim.
+            # Cannot happen: the store lets one taker win, and a request of
+            # ours that won meanwhile would have made the store answer our id.
             logger.error("session %r was taken over twice by this worker", session_id)
-            return None
-        self._claims[session_id] = _Claim(idle_since=self._clock(), state=ClaimState.RESTORING)
+            return self.worker_id
+        self._claims[session_id] = _Claim(
+            idle_since=self._clock(), state=ClaimState.RESTORING, restore_done=asyncio.Event()
+        )
         return None
 
     def restored(self, session_id: str, incarnation: Incarnation) -> None:
@@ -359,12 +365,16 @@ class OwnedClaims:
             return
         claim.incarnation = incarnation
         self._transition(session_id, claim, ClaimEvent.RESTORED)
+        if claim.restore_done is not None:
+            claim.restore_done.set()
 
     def restore_failed(self, session_id: str) -> None:
         """The taken-over session could not be rebuilt: end the claim (and its snapshot)."""
         claim = self._claims.get(session_id)
         if claim is not None:
             self._release(session_id, claim, ClaimEvent.RESTORE_FAILED)
+            if claim.restore_done is not None:
+                claim.restore_done.set()
 
     def incarnation(self, session_id: str) -> Incarnation:
         """The incarnation of a session this worker claims (see `session_access`)."""
@@ -417,6 +427,13 @@ class OwnedClaims:
                 "that it still holds its sessions"
             )
         claim = self._claims[session_id]
+        if claim.restore_done is not None and not claim.restore_done.is_set():
+            # Taken over, being rebuilt (durable sessions): never serve before.
+            await claim.restore_done.wait()
+            if self._claims.get(session_id) is not claim:
+                raise SessionGoneError(
+                    f"session {session_id!r} could not be restored after its worker died"
+                )
         claim.in_flight += 1
         if claim.expiry is StoreExpiry.HELD:
             return

@@ -479,7 +479,7 @@ class SessionRouter:
             if (
                 restorable
                 and self.snapshots is not None
-                and self.claims.store.holder_exited(holder)
+                and await self.claims.store.holder_exited(holder)
             ):
                 return False
             await self._send_error(scope, reply_send, error)
@@ -563,7 +563,7 @@ class SessionRouter:
                 held = True
             if message["type"] == "http.response.start" and self.snapshots is not None:
                 # Before the reply leaves: what the client sees is what a restore gives.
-                self.snapshots.after_request(sid, held=held)
+                await self.snapshots.after_request(sid, held=held)
             if self.worker_header is not None and message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), self.worker_header]
             await send(message)

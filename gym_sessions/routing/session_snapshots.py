@@ -19,15 +19,18 @@ over the claim name and everything after the MAC, each prefixed by its 8-byte
 length: a snapshot cannot be forged, altered or moved to another session, and
 one that does not verify is never decoded (the session bytes may be a pickle).
 
-Snapshots live in ``<runtime dir>/snapshots/<claim name>`` (file claims),
-written as a temporary file and renamed into place, mode 0600 in the 0700
-runtime directory; they end with their claims (`FileClaimStore.remove`) and
-with the server. They survive the death of a process, not of the host: they
-are not synced to disk.
+Snapshots live in ``<runtime dir>/snapshots/<claim name>`` with file claims
+(`FileSnapshotStore`: written as a temporary file and renamed into place, mode
+0600 in the 0700 runtime directory), or in ``gym_sessions:snapshot:<claim
+name>`` with Redis claims (`RedisSnapshotStore`, base64). They end with their
+claims (the stores' ``remove``). File snapshots survive the death of a
+process, not of the host: they are not synced to disk.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -36,8 +39,9 @@ import logging
 import os
 import secrets
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
 
 from gym_sessions.routing.claim_store import claim_name
 from gym_sessions.routing.owned_claims import ClaimState, OwnedClaims
@@ -46,10 +50,13 @@ from gym_sessions.routing.session_access import Incarnation
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_BYTES",
     "FileSnapshotStore",
+    "RedisSnapshotStore",
     "RestoreOutcome",
     "SessionSnapshots",
     "Snapshot",
     "SnapshotCodec",
+    "SnapshotStore",
+    "snapshot_key",
 ]
 
 logger = logging.getLogger("gym_sessions.routing")
@@ -58,6 +65,15 @@ DEFAULT_MAX_SNAPSHOT_BYTES = 8 * 1024 * 1024
 _MAGIC = b"GSS1"
 _MAC_BYTES = 32
 _LENGTH = struct.Struct(">I")
+#: Prefix of the Redis keys of snapshots (beside ``gym_sessions:claim:``).
+SNAPSHOT_KEY_PREFIX = "gym_sessions:snapshot:"
+
+_T = TypeVar("_T")
+
+
+def snapshot_key(session_id: str) -> str:
+    """The Redis key of ``session_id``'s snapshot."""
+    return SNAPSHOT_KEY_PREFIX + claim_name(session_id)
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,19 @@ class SnapshotCodec:
         return Snapshot(incarnation, rest[_LENGTH.size + length :])
 
 
+class SnapshotStore(Protocol):
+    """Where snapshots live, next to the claims."""
+
+    async def save(self, session_id: str, data: bytes) -> None:
+        """Replace the session's snapshot with ``data``, atomically."""
+
+    async def load(self, session_id: str, limit: int) -> bytes | None:
+        """The snapshot's bytes; ``None`` if there is none or it is larger than ``limit``."""
+
+    def discard(self, session_id: str) -> None:
+        """Remove the snapshot, now or in a task that runs before the session's next `save`."""
+
+
 class FileSnapshotStore:
     """Snapshots as files in the runtime directory's ``snapshots/`` (one host)."""
 
@@ -132,7 +161,16 @@ class FileSnapshotStore:
         """Where ``session_id``'s snapshot lives: named by the claim's hash, never by the id."""
         return os.path.join(self.snapshots_dir, claim_name(session_id))
 
-    def save(self, session_id: str, data: bytes) -> None:
+    async def save(self, session_id: str, data: bytes) -> None:
+        self.save_now(session_id, data)
+
+    async def load(self, session_id: str, limit: int) -> bytes | None:
+        return self.load_now(session_id, limit)
+
+    def discard(self, session_id: str) -> None:
+        self.remove(session_id)
+
+    def save_now(self, session_id: str, data: bytes) -> None:
         """Replace the snapshot atomically: a reader sees the old one or the new one, whole."""
         tmp = os.path.join(self.snapshots_dir, f".tmp-{secrets.token_hex(8)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -145,8 +183,8 @@ class FileSnapshotStore:
                 os.unlink(tmp)
             raise
 
-    def load(self, session_id: str, limit: int) -> bytes | None:
-        """The snapshot's bytes; ``None`` if there is none or it is larger than ``limit``."""
+    def load_now(self, session_id: str, limit: int) -> bytes | None:
+        """`load` without a coroutine."""
         try:
             with open(self.path(session_id), "rb") as file:
                 data = file.read(limit + 1)
@@ -160,6 +198,74 @@ class FileSnapshotStore:
             os.unlink(self.path(session_id))
 
 
+class RedisSnapshotStore:
+    """Snapshots as Redis keys beside the claims (several hosts).
+
+    Redis is not trusted for integrity: only the MAC (`SnapshotCodec`) makes a
+    snapshot count. Values are base64, since the claim clients decode replies.
+
+    Args:
+        client: The worker's Redis client (``decode_responses=True``).
+        deadline: Seconds one call may take in all (``claims_timeout``).
+        ttl_seconds: Expiry of a snapshot from its last write: no restore can
+            need it later (its session would have idled out, or no credential
+            reaches it any more), so a dead worker's snapshots never stay.
+    """
+
+    def __init__(self, client: Any, deadline: float, ttl_seconds: float) -> None:
+        self.client = client
+        self.deadline = deadline
+        self.ttl_ms = max(1, int(ttl_seconds * 1000))
+        # Removals not done yet, by session: a later save or load waits for them,
+        # so a removal never lands after a newer snapshot.
+        self._removing: dict[str, asyncio.Task[None]] = {}
+
+    async def _call(self, operation: Awaitable[_T]) -> _T:
+        from gym_sessions.routing.redis_claims import call_redis
+
+        return await call_redis(operation, self.deadline)
+
+    async def _settled(self, session_id: str) -> None:
+        task = self._removing.get(session_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def save(self, session_id: str, data: bytes) -> None:
+        await self._settled(session_id)
+        encoded = base64.b64encode(data).decode()
+        await self._call(self.client.set(snapshot_key(session_id), encoded, px=self.ttl_ms))
+
+    async def load(self, session_id: str, limit: int) -> bytes | None:
+        await self._settled(session_id)
+        encoded = cast("str | None", await self._call(self.client.get(snapshot_key(session_id))))
+        if encoded is None or len(encoded) > (limit + 2) // 3 * 4:
+            return None
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except ValueError:
+            return None  # not ours (Redis is not trusted): as if missing
+
+    def discard(self, session_id: str) -> None:
+        previous = self._removing.get(session_id)
+
+        async def remove() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            try:
+                await self._call(self.client.delete(snapshot_key(session_id)))
+            except Exception:
+                # Redis unreachable: the snapshot expires on its own, and a
+                # restore needs its claim to name a dead holder, which a closed
+                # session's never will once the claim ends.
+                logger.warning("removing the snapshot of session %r failed", session_id)
+            finally:
+                if self._removing.get(session_id) is task:
+                    del self._removing[session_id]
+
+        task = asyncio.ensure_future(remove())
+        self._removing[session_id] = task
+
+
 @dataclass(frozen=True)
 class RestoreOutcome:
     """What `SessionSnapshots.restore` found.
@@ -167,7 +273,8 @@ class RestoreOutcome:
     Attributes:
         restored: This worker holds the session now, rebuilt from its snapshot.
         holder: Otherwise, the worker that holds it now (another worker won the
-            takeover), or ``None``: the session cannot be restored (410).
+            takeover, or this one, by another request), or ``None``: the
+            session cannot be restored (410).
     """
 
     restored: bool
@@ -195,7 +302,7 @@ class SessionSnapshots:
 
     def __init__(
         self,
-        store: FileSnapshotStore,
+        store: SnapshotStore,
         claims: OwnedClaims,
         codec: SnapshotCodec,
         export_session: Callable[[str], bytes | None],
@@ -216,16 +323,16 @@ class SessionSnapshots:
         self._logged: set[str] = set()
         self.restored_total = 0
 
-    def after_request(self, session_id: str, *, held: bool) -> None:
+    async def after_request(self, session_id: str, *, held: bool) -> None:
         """A request's reply is about to start: write the snapshot if the request changed it.
 
         ``held``: this worker holds the claim. A request served without the
         claim (its reply turned into a 409) must not touch the holder's snapshot.
         """
         if self.take_changed(session_id) and held and self.capturable:
-            self.save(session_id)
+            await self.save(session_id)
 
-    def save(self, session_id: str) -> None:
+    async def save(self, session_id: str) -> None:
         """Write the snapshot of a session a request changed (before its reply is sent).
 
         Only a live (`ClaimState.OPEN`) session held here has one; any other
@@ -249,16 +356,16 @@ class SessionSnapshots:
             )
             return
         try:
-            self.store.save(session_id, data)
-        except OSError:
+            await self.store.save(session_id, data)
+        except Exception:
             # A stale snapshot would restore a state the client never saw last:
-            # better none (410 if the worker dies) than that.
+            # better none (410 if the worker dies) than that. The reply goes on.
             logger.exception("writing the snapshot of session %r failed", session_id)
-            self.store.remove(session_id)
+            self.store.discard(session_id)
 
     def _not_durable(self, session_id: str, why: str) -> None:
         # An older snapshot must not outlive the state it no longer describes.
-        self.store.remove(session_id)
+        self.store.discard(session_id)
         if session_id not in self._logged:
             self._logged.add(session_id)
             logger.warning("session %r is served but not durable: %s", session_id, why)
@@ -266,10 +373,10 @@ class SessionSnapshots:
     def forget(self, session_id: str) -> None:
         """The session's state is gone here (closed, expired): so is its snapshot."""
         self._logged.discard(session_id)
-        self.store.remove(session_id)
+        self.store.discard(session_id)
 
-    def _load(self, session_id: str) -> Snapshot | None:
-        data = self.store.load(session_id, self.max_bytes)
+    async def _load(self, session_id: str) -> Snapshot | None:
+        data = await self.store.load(session_id, self.max_bytes)
         if data is None:
             return None
         snapshot = self.codec.decode(session_id, data)
@@ -286,14 +393,20 @@ class SessionSnapshots:
         The caller established that ``dead_holder`` is gone. Without a valid
         snapshot nothing is touched (the session answers 410 as before).
         """
-        if self._load(session_id) is None:
+        if await self._load(session_id) is None:
             return RestoreOutcome(False)
         other = await self.claims.take_over(session_id, dead_holder)
+        if other == self.claims.worker_id:
+            # Another request of this worker won; `enter` waits for its restore.
+            return RestoreOutcome(False, other)
         if other is not None:
             return RestoreOutcome(False, None if other == dead_holder else other)
         # Read again under our claim: the dead holder can no longer write it,
-        # and every other taker lost, so this is the session's last state.
-        snapshot = self._load(session_id)
+        # and every other taker lost, so this is the session's last state. (An
+        # await: the claim is RESTORING meanwhile, which no event but the
+        # restore's own ends; a request of this worker for the id waits in
+        # `take_over`, see `OwnedClaims`.)
+        snapshot = await self._load(session_id)
         try:
             if snapshot is None:
                 raise ValueError("the snapshot vanished or stopped verifying")

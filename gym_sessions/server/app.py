@@ -51,8 +51,10 @@ from gym_sessions.routing.runtime_dir import RuntimeDirectory, worker_process_ex
 from gym_sessions.routing.session_cookie import SessionCookieMiddleware
 from gym_sessions.routing.session_snapshots import (
     FileSnapshotStore,
+    RedisSnapshotStore,
     SessionSnapshots,
     SnapshotCodec,
+    SnapshotStore,
 )
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
@@ -70,6 +72,26 @@ _SERVING, _STOPPING = "serving", "stopping"
 #: The supervisor's mark (``server.stopping``): the whole server shuts down, so
 #: workers wait for each other; a worker stopping alone waits for nobody.
 SERVER_MARK = "server"
+
+
+# No credential reaches a session after this long (cookies and tokens last 14 days).
+_CREDENTIAL_SECONDS = 14 * 24 * 3600.0
+
+
+def _snapshot_lifetime(settings: Settings) -> float:
+    """How long a Redis snapshot lasts after its last write: past it, no restore can need it.
+
+    An open session idles out after ``session_idle_timeout`` (its snapshot
+    then describes a closed session); without one, no cookie or token reaches
+    it after 14 days. Plus the window and margin a claim itself outlives its
+    last request by.
+    """
+    idle = settings.session_idle_timeout or _CREDENTIAL_SECONDS
+    return (
+        min(idle, _CREDENTIAL_SECONDS)
+        + settings.session_close_retry_window_seconds
+        + (EXPIRY_MARGIN_SECONDS)
+    )
 
 
 def new_worker_id() -> str:
@@ -126,8 +148,8 @@ class WorkerApp:
         self.registry: WorkerRegistry | None = None
         self.redis_store: RedisClaimStore | None = None
         store: ClaimStore = LocalClaimStore()
-        # Durable sessions need another worker to restore onto: file claims, workers > 1.
-        snapshot_store: FileSnapshotStore | None = None
+        # Durable sessions need another worker to restore onto (a routed server).
+        snapshot_store: SnapshotStore | None = None
         endpoints: WorkerEndpoints | None = None
         window = settings.session_close_retry_window_seconds
         if settings.routed and settings.redis_claims:
@@ -144,15 +166,20 @@ class WorkerApp:
                 self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS
             )
             self.forward_signer = ForwardSigner(settings.secret)
+            if settings.durable_sessions:
+                snapshot_store = RedisSnapshotStore(
+                    self.registry.client, settings.claims_timeout, _snapshot_lifetime(settings)
+                )
             endpoints = TcpEndpoints(self.registry, settings.allowed_peer_networks())
             self.forwarder = make_forwarder(endpoints, self.forward_signer)
         elif settings.routed:
             if settings.runtime_dir is None:
                 raise ValueError("a routed worker needs the runtime directory of its server")
             self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
+            file_snapshots = None
             if settings.durable_sessions:
-                snapshot_store = FileSnapshotStore(self.runtime_dir.snapshots_dir)
-            store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id, snapshot_store)
+                snapshot_store = file_snapshots = FileSnapshotStore(self.runtime_dir.snapshots_dir)
+            store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id, file_snapshots)
             endpoints = UnixEndpoints(self.runtime_dir)
             self.forwarder = make_forwarder(endpoints)
         # Others may take this worker's claims over once its registration has

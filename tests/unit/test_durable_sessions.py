@@ -8,6 +8,7 @@ takeover race itself runs in real processes racing on one claim file.
 
 from __future__ import annotations
 
+import base64
 import functools
 import logging
 import multiprocessing
@@ -21,12 +22,18 @@ import pytest
 from envs.counter import CounterEnv
 from gym_sessions.cli import _report_durability
 from gym_sessions.routing.claim_store import FileClaimStore
+from gym_sessions.routing.redis_claims import KEY_PREFIX, RedisClaimStore
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.session_access import Incarnation
-from gym_sessions.routing.session_snapshots import FileSnapshotStore, Snapshot, SnapshotCodec
+from gym_sessions.routing.session_snapshots import (
+    FileSnapshotStore,
+    Snapshot,
+    SnapshotCodec,
+    snapshot_key,
+)
 from gym_sessions.server.env_server import GymEnvServer, env_capture_method
 
-from .cluster import SECRET, Cluster, dead_worker_id, new_id
+from .cluster import SECRET, Cluster, dead_worker_id, new_id, wait_until
 
 WINDOW = 5.0
 
@@ -223,7 +230,7 @@ async def test_a_forged_snapshot_is_never_loaded(durable, caplog):
     alien = SnapshotCodec("another-secret-" + "y" * 20).encode(
         other_secret_sid, Snapshot(Incarnation(bound=True), b"not even a pickle")
     )
-    snapshots.save(other_secret_sid, alien)
+    snapshots.save_now(other_secret_sid, alien)
     await c[0].kill()
     with caplog.at_level(logging.ERROR, logger="gym_sessions.routing"):
         for sid, cookie in cookies.items():
@@ -328,3 +335,113 @@ async def test_a_seeded_cartpole_episode_restored_midway_matches_an_uninterrupte
     assert len(uninterrupted) > 6  # the kill came mid-episode
     assert restored == uninterrupted
     assert restored_total(c) == 1
+
+
+# Redis claims (several hosts) ---------------------------------------------------------------
+
+
+@pytest.fixture
+def durable_hosts(start_clusters, redis_server):
+    async def make(n: int = 3, **kw: Any) -> Cluster:
+        kw.setdefault("session_close_retry_window_seconds", WINDOW)
+        return await start_clusters(
+            counter_server, n, claims=redis_server.url, durable_sessions=True, **kw
+        )
+
+    return make
+
+
+async def crash(worker: Any) -> None:
+    """What SIGKILL leaves behind: no listener (its port refuses), no heartbeat."""
+    for task in worker.app._background:
+        task.cancel()
+    assert worker.app._listener is not None
+    await worker.app._listener.stop()
+
+
+def registration_key(worker: Any) -> str:
+    return KEY_PREFIX + "worker:" + worker.id
+
+
+async def test_redis_a_dead_hosts_session_continues_on_another_host(durable_hosts):
+    c = await durable_hosts()
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    assert (await c[0].request("POST", "/step", {"action": 2}, cookie=cookie)).status == 200
+    assert c.redis().exists(snapshot_key(sid))
+    await crash(c[0])
+    # Its registration lapses a few moments later (here: half a second); the
+    # request waits for that rather than answer 410.
+    c.redis().pexpire(registration_key(c[0]), 500)
+    step = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
+    assert step.status == 200, step.json
+    assert step.json["observation"] == 8
+    assert c.claim_owner(sid) == c[1].id
+    assert c.redis().pttl(RedisClaimStore.key(sid)) == -1  # held: no expiry
+    # The dead worker's index no longer lists it: nothing will write it back for it.
+    name = RedisClaimStore.key(sid).rpartition(":")[2]
+    assert not c.redis().sismember(KEY_PREFIX + "claims_of:" + c[0].id, name)
+    verify = await c[2].request("POST", "/verify", cookie=cookie)
+    assert verify.status == 200 and verify.json["reward"] == 1.0
+
+
+async def test_redis_a_worker_that_still_listens_is_never_taken_over(durable_hosts):
+    c = await durable_hosts(2)
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    for task in c[0].app._background:  # its heartbeat stalls; it still serves
+        task.cancel()
+    c.redis().delete(registration_key(c[0]))
+    slow = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
+    assert slow.status == 503  # slow, not gone
+    assert c.claim_owner(sid) == c[0].id
+    assert sid in c[0].server._sessions and sid not in c[1].server._sessions
+
+
+async def test_redis_racing_workers_take_a_session_over_once(durable_hosts):
+    c = await durable_hosts(6)
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    await crash(c[0])
+    c.redis().delete(registration_key(c[0]))
+    replies = await _gather(
+        [w.request("POST", "/observe", {}, cookie=cookie) for w in c.workers[1:] for _ in range(3)]
+    )
+    assert [r.status for r in replies] == [200] * 15
+    assert restored_total(c) == 1
+    holders = [w.id for w in c.workers[1:] if sid in w.server._sessions]
+    assert holders == [c.claim_owner(sid)]
+
+
+async def test_redis_a_forged_snapshot_is_never_loaded(durable_hosts, caplog):
+    c = await durable_hosts(2)
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    forged = SnapshotCodec("another-secret-" + "y" * 20).encode(
+        sid, Snapshot(Incarnation(bound=True), b"whatever")
+    )
+    ttl = c.redis().pttl(snapshot_key(sid))
+    assert ttl > 0  # a Redis snapshot always expires by itself
+    c.redis().set(snapshot_key(sid), base64.b64encode(forged).decode())
+    await crash(c[0])
+    c.redis().delete(registration_key(c[0]))
+    with caplog.at_level(logging.ERROR, logger="gym_sessions.routing"):
+        reply = await c[1].request("POST", "/observe", {}, cookie=cookie)
+    assert reply.status == 410
+    assert "not signed with this server's secret" in caplog.text
+    assert c.claim_owner(sid) == c[0].id
+
+
+async def test_redis_snapshots_end_with_their_sessions_and_claims(durable_hosts):
+    c = await durable_hosts(2)
+    closed, released = new_id(), new_id()
+    await start_counter(c, 0, closed)
+    await start_counter(c, 1, released)
+    assert c.redis().exists(snapshot_key(closed), snapshot_key(released)) == 2
+    close = await c[1].request("POST", "/close_session", {"resources_session_id": closed})
+    assert close.status == 200
+    assert await wait_until(lambda: not c.redis().exists(snapshot_key(closed)))
+    c[1].app.claims.release_now(released)
+    await c[1].app.claims.wait_for_store()
+    assert not c.redis().exists(snapshot_key(released))
+    assert c.claim_owner(released) is None
