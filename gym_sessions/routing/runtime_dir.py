@@ -149,12 +149,13 @@ class RuntimeDirectory:
         return sum(1 for name in os.listdir(self.claims_dir) if not name.startswith("."))
 
     def snapshot_count(self) -> int:
-        """How many session snapshots exist (for tests and diagnostics)."""
+        """How many sessions have a snapshot (for tests and diagnostics)."""
         try:
             names = os.listdir(self.snapshots_dir)
         except FileNotFoundError:
             return 0
-        return sum(1 for name in names if not name.startswith("."))
+        # A session's snapshot has two slot files (`FileSnapshotStore`).
+        return len({name.rsplit(".", 1)[0] for name in names if not name.startswith(".")})
 
     def mark(self, worker_id: str, state: str, present: bool = True) -> None:
         """Record (or, with ``present=False``, forget) that ``worker_id`` is in ``state``.

@@ -37,7 +37,6 @@ import hmac
 import json
 import logging
 import os
-import secrets
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -65,6 +64,7 @@ DEFAULT_MAX_SNAPSHOT_BYTES = 8 * 1024 * 1024
 _MAGIC = b"GSS1"
 _MAC_BYTES = 32
 _LENGTH = struct.Struct(">I")
+_SLOT_LENGTH = struct.Struct(">Q")
 #: Prefix of the Redis keys of snapshots (beside ``gym_sessions:claim:``).
 SNAPSHOT_KEY_PREFIX = "gym_sessions:snapshot:"
 
@@ -82,6 +82,8 @@ class Snapshot:
 
     incarnation: Incarnation
     session: bytes
+    #: Counts the session's snapshots (across takeovers): the newest one wins.
+    seq: int = 0
 
 
 class SnapshotCodec:
@@ -110,6 +112,7 @@ class SnapshotCodec:
                 "nonce": incarnation.nonce,
                 "key_digest": None if digest is None else digest.hex(),
                 "bound": incarnation.bound,
+                "seq": snapshot.seq,
             },
             separators=(",", ":"),
         ).encode()
@@ -133,69 +136,93 @@ class SnapshotCodec:
                 key_digest=None if digest is None else bytes.fromhex(digest),
                 bound=bool(header["bound"]),
             )
+            seq = int(header["seq"])
         except (ValueError, KeyError, TypeError):
             return None  # signed by us but not readable: a bug, never a forgery
-        return Snapshot(incarnation, rest[_LENGTH.size + length :])
+        return Snapshot(incarnation, rest[_LENGTH.size + length :], seq)
 
 
 class SnapshotStore(Protocol):
     """Where snapshots live, next to the claims."""
 
-    async def save(self, session_id: str, data: bytes) -> None:
-        """Replace the session's snapshot with ``data``, atomically."""
+    async def save(self, session_id: str, data: bytes, seq: int) -> None:
+        """Write the session's snapshot number ``seq``; readers find it or an older one, whole."""
 
-    async def load(self, session_id: str, limit: int) -> bytes | None:
-        """The snapshot's bytes; ``None`` if there is none or it is larger than ``limit``."""
+    async def load(self, session_id: str, limit: int) -> list[bytes]:
+        """Every candidate snapshot of the session (none larger than ``limit``), unverified."""
 
     def discard(self, session_id: str) -> None:
         """Remove the snapshot, now or in a task that runs before the session's next `save`."""
 
 
 class FileSnapshotStore:
-    """Snapshots as files in the runtime directory's ``snapshots/`` (one host)."""
+    """Snapshots as files in the runtime directory's ``snapshots/`` (one host).
+
+    Each session has two slot files, ``<claim name>.0`` and ``.1``; snapshot
+    number ``seq`` overwrites slot ``seq % 2`` in place (``pwrite`` of an
+    8-byte length and the snapshot; the file is never truncated), so the other
+    slot always holds the one before, whole. A write cut short by the
+    worker's death leaves a slot whose MAC fails: the reader takes the other
+    one, which is the last state any client was answered from (that write's
+    reply was never sent). In place, a write is a few microseconds; a new file
+    and a rename per step cost hundreds (``benchmarks/durable_sessions.py``).
+    """
+
+    _SLOTS = (".0", ".1")
 
     def __init__(self, snapshots_dir: str) -> None:
         self.snapshots_dir = snapshots_dir
 
-    def path(self, session_id: str) -> str:
-        """Where ``session_id``'s snapshot lives: named by the claim's hash, never by the id."""
-        return os.path.join(self.snapshots_dir, claim_name(session_id))
+    def paths(self, session_id: str) -> list[str]:
+        """Where ``session_id``'s snapshot slots live: named by the claim's hash, never the id."""
+        base = os.path.join(self.snapshots_dir, claim_name(session_id))
+        return [base + slot for slot in self._SLOTS]
 
-    async def save(self, session_id: str, data: bytes) -> None:
-        self.save_now(session_id, data)
+    async def save(self, session_id: str, data: bytes, seq: int) -> None:
+        self.save_now(session_id, data, seq)
 
-    async def load(self, session_id: str, limit: int) -> bytes | None:
+    async def load(self, session_id: str, limit: int) -> list[bytes]:
         return self.load_now(session_id, limit)
 
     def discard(self, session_id: str) -> None:
         self.remove(session_id)
 
-    def save_now(self, session_id: str, data: bytes) -> None:
-        """Replace the snapshot atomically: a reader sees the old one or the new one, whole."""
-        tmp = os.path.join(self.snapshots_dir, f".tmp-{secrets.token_hex(8)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    def save_now(self, session_id: str, data: bytes, seq: int) -> None:
+        """Write snapshot number ``seq`` into its slot, in place."""
+        path = self.paths(session_id)[seq % 2]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            with os.fdopen(fd, "wb", closefd=True) as file:
-                file.write(data)
-            os.replace(tmp, self.path(session_id))
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+            record = _SLOT_LENGTH.pack(len(data)) + data
+            written = os.pwrite(fd, record, 0)
+            if written != len(record):
+                raise OSError(f"short write of a snapshot ({written} of {len(record)} bytes)")
+        finally:
+            os.close(fd)
 
-    def load_now(self, session_id: str, limit: int) -> bytes | None:
+    def load_now(self, session_id: str, limit: int) -> list[bytes]:
         """`load` without a coroutine."""
-        try:
-            with open(self.path(session_id), "rb") as file:
-                data = file.read(limit + 1)
-        except FileNotFoundError:
-            return None
-        return None if len(data) > limit else data
+        found = []
+        for path in self.paths(session_id):
+            try:
+                with open(path, "rb") as file:
+                    head = file.read(_SLOT_LENGTH.size)
+                    if len(head) < _SLOT_LENGTH.size:
+                        continue
+                    (length,) = _SLOT_LENGTH.unpack(head)
+                    if length > limit:
+                        continue
+                    data = file.read(length)
+            except FileNotFoundError:
+                continue
+            if len(data) == length:
+                found.append(data)
+        return found
 
     def remove(self, session_id: str) -> None:
-        """Remove the snapshot, if any."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path(session_id))
+        """Remove the snapshot's slots, if any."""
+        for path in self.paths(session_id):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 class RedisSnapshotStore:
@@ -230,20 +257,20 @@ class RedisSnapshotStore:
         if task is not None:
             await asyncio.shield(task)
 
-    async def save(self, session_id: str, data: bytes) -> None:
+    async def save(self, session_id: str, data: bytes, seq: int) -> None:
         await self._settled(session_id)
         encoded = base64.b64encode(data).decode()
         await self._call(self.client.set(snapshot_key(session_id), encoded, px=self.ttl_ms))
 
-    async def load(self, session_id: str, limit: int) -> bytes | None:
+    async def load(self, session_id: str, limit: int) -> list[bytes]:
         await self._settled(session_id)
         encoded = cast("str | None", await self._call(self.client.get(snapshot_key(session_id))))
         if encoded is None or len(encoded) > (limit + 2) // 3 * 4:
-            return None
+            return []
         try:
-            return base64.b64decode(encoded, validate=True)
+            return [base64.b64decode(encoded, validate=True)]
         except ValueError:
-            return None  # not ours (Redis is not trusted): as if missing
+            return []  # not ours (Redis is not trusted): as if missing
 
     def discard(self, session_id: str) -> None:
         previous = self._removing.get(session_id)
@@ -321,6 +348,8 @@ class SessionSnapshots:
         self.max_bytes = max_bytes
         # Sessions already logged as not durable (too large, or not capturable).
         self._logged: set[str] = set()
+        # The number of each session's next snapshot here.
+        self._next_seq: dict[str, int] = {}
         self.restored_total = 0
 
     async def after_request(self, session_id: str, *, held: bool) -> None:
@@ -349,14 +378,17 @@ class SessionSnapshots:
         if session is None:
             self._not_durable(session_id, "its state cannot be captured")
             return
-        data = self.codec.encode(session_id, Snapshot(self.claims.incarnation(session_id), session))
+        seq = self._next_seq.get(session_id, 0)
+        snapshot = Snapshot(self.claims.incarnation(session_id), session, seq)
+        data = self.codec.encode(session_id, snapshot)
         if len(data) > self.max_bytes:
             self._not_durable(
                 session_id, f"its snapshot ({len(data)} bytes) exceeds --max-snapshot-bytes"
             )
             return
         try:
-            await self.store.save(session_id, data)
+            await self.store.save(session_id, data, seq)
+            self._next_seq[session_id] = seq + 1
         except Exception:
             # A stale snapshot would restore a state the client never saw last:
             # better none (410 if the worker dies) than that. The reply goes on.
@@ -373,19 +405,20 @@ class SessionSnapshots:
     def forget(self, session_id: str) -> None:
         """The session's state is gone here (closed, expired): so is its snapshot."""
         self._logged.discard(session_id)
+        self._next_seq.pop(session_id, None)
         self.store.discard(session_id)
 
     async def _load(self, session_id: str) -> Snapshot | None:
-        data = await self.store.load(session_id, self.max_bytes)
-        if data is None:
-            return None
-        snapshot = self.codec.decode(session_id, data)
-        if snapshot is None:
+        """The newest snapshot of the session that verifies, or ``None``."""
+        candidates = await self.store.load(session_id, self.max_bytes)
+        snapshots = [self.codec.decode(session_id, data) for data in candidates]
+        valid = [snapshot for snapshot in snapshots if snapshot is not None]
+        if candidates and not valid:
             logger.error(
-                "the snapshot of session %r is not signed with this server's secret: ignored",
+                "no snapshot of session %r is signed with this server's secret: ignored",
                 session_id,
             )
-        return snapshot
+        return max(valid, key=lambda snapshot: snapshot.seq, default=None)
 
     async def restore(self, session_id: str, dead_holder: str) -> RestoreOutcome:
         """Take over ``session_id`` from ``dead_holder`` and rebuild it here from its snapshot.
@@ -416,6 +449,8 @@ class SessionSnapshots:
             self.claims.restore_failed(session_id)
             return RestoreOutcome(False)
         self.claims.restored(session_id, snapshot.incarnation)
+        # Continue its numbering: the next write goes to the older slot.
+        self._next_seq[session_id] = snapshot.seq + 1
         self.restored_total += 1
         logger.info("session %r restored here from the snapshot of %s", session_id, dead_holder)
         return RestoreOutcome(True)

@@ -21,12 +21,14 @@ import pytest
 
 from envs.counter import CounterEnv
 from gym_sessions.cli import _report_durability
-from gym_sessions.routing.claim_store import FileClaimStore
+from gym_sessions.routing.claim_store import FileClaimStore, LocalClaimStore
+from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.redis_claims import KEY_PREFIX, RedisClaimStore
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.session_access import Incarnation
 from gym_sessions.routing.session_snapshots import (
     FileSnapshotStore,
+    SessionSnapshots,
     Snapshot,
     SnapshotCodec,
     snapshot_key,
@@ -219,25 +221,26 @@ async def test_a_forged_snapshot_is_never_loaded(durable, caplog):
     }
     # Garbage in place of a snapshot; another session's genuine snapshot moved
     # over this one's; a well-formed snapshot signed with another secret.
-    with open(snapshots.path(forged_sid), "r+b") as file:
+    with open(snapshots.paths(forged_sid)[0], "r+b") as file:
         data = bytearray(file.read())
         data[-1] ^= 1
         file.seek(0)
         file.write(data)
     donor = new_id()
     await start_counter(c, 0, donor, initial=40)
-    os.replace(snapshots.path(donor), snapshots.path(moved_sid))
+    os.replace(snapshots.paths(donor)[0], snapshots.paths(moved_sid)[0])
     alien = SnapshotCodec("another-secret-" + "y" * 20).encode(
         other_secret_sid, Snapshot(Incarnation(bound=True), b"not even a pickle")
     )
-    snapshots.save_now(other_secret_sid, alien)
+    snapshots.remove(other_secret_sid)
+    snapshots.save_now(other_secret_sid, alien, 0)
     await c[0].kill()
     with caplog.at_level(logging.ERROR, logger="gym_sessions.routing"):
         for sid, cookie in cookies.items():
             reply = await c[1].request("POST", "/observe", {}, cookie=cookie)
             assert reply.status == 410 and reply.json["error"]["code"] == "session_gone"
             assert c.claim_owner(sid) == c[0].id  # nothing was taken over
-    assert caplog.text.count("not signed with this server's secret") == 3
+    assert caplog.text.count("is signed with this server's secret") == 3
     assert restored_total(c) == 0
     # A genuine snapshot is signed for its session and this server's secret only.
     codec = SnapshotCodec(SECRET)
@@ -428,7 +431,7 @@ async def test_redis_a_forged_snapshot_is_never_loaded(durable_hosts, caplog):
     with caplog.at_level(logging.ERROR, logger="gym_sessions.routing"):
         reply = await c[1].request("POST", "/observe", {}, cookie=cookie)
     assert reply.status == 410
-    assert "not signed with this server's secret" in caplog.text
+    assert "is signed with this server's secret" in caplog.text
     assert c.claim_owner(sid) == c[0].id
 
 
@@ -445,3 +448,29 @@ async def test_redis_snapshots_end_with_their_sessions_and_claims(durable_hosts)
     await c[1].app.claims.wait_for_store()
     assert not c.redis().exists(snapshot_key(released))
     assert c.claim_owner(released) is None
+
+
+async def test_a_snapshot_write_cut_short_leaves_the_one_before(short_tmp):
+    # Two slots written in place, alternately: the newest that verifies wins,
+    # so a write the worker died in leaves the last state a client was sent.
+    store = FileSnapshotStore(short_tmp)
+    codec = SnapshotCodec(SECRET)
+    snapshots = SessionSnapshots(
+        store,
+        OwnedClaims(LocalClaimStore(), "w", WINDOW),
+        codec,
+        lambda sid: None,
+        lambda sid, data: None,
+        lambda sid: False,
+    )
+    incarnation = Incarnation(bound=True)
+    for seq, state in enumerate([b"first", b"second", b"third"]):
+        store.save_now("s", codec.encode("s", Snapshot(incarnation, state, seq)), seq)
+    newest = await snapshots._load("s")
+    assert newest is not None and (newest.seq, newest.session) == (2, b"third")
+    # Snapshot 3 (slot .1) is cut short mid-record: the length and half the bytes.
+    record = codec.encode("s", Snapshot(incarnation, b"fourth" * 20, 3))
+    with open(store.paths("s")[1], "r+b") as file:
+        file.write(len(record).to_bytes(8, "big") + record[: len(record) // 2])
+    survivor = await snapshots._load("s")
+    assert survivor is not None and (survivor.seq, survivor.session) == (2, b"third")
