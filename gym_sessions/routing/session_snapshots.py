@@ -3,9 +3,11 @@
 With ``--durable-sessions`` the holder writes a snapshot of every live session
 a request changed *before* that request's reply goes out, so what a client saw
 is what a restore gives back. When the holder has died (its private socket
-refuses and its process is gone), the worker that accepted the next request
-for the session takes its claim over (`FileClaimStore.take_over`: exactly one
-worker wins), rebuilds the session from the snapshot and serves the request.
+refuses and its process is gone; with Redis: its registration lapsed and its
+address refuses), the worker that accepted the next request for the session
+takes its claim over (`FileClaimStore.take_over`, `RedisClaimStore.take_over`:
+exactly one worker wins), rebuilds the session from the snapshot and serves
+the request.
 
 A snapshot holds the session's `Incarnation` (so the client's cookie, token and
 ``session_key`` keep working, and nothing else starts to) and the bytes the
@@ -13,15 +15,16 @@ server's ``export_session`` gave. Its format (`SnapshotCodec`)::
 
     b"GSS1" | MAC (32 bytes) | header length (4 bytes, big endian) | header JSON | session bytes
 
-The header is ``{"nonce": ..., "key_digest": hex or null, "bound": bool}``. The
+The header is ``{"nonce": ..., "key_digest": hex or null, "bound": bool, "seq":
+int}`` (``seq`` numbers the session's snapshots; the newest valid one wins). The
 MAC is HMAC-SHA256 keyed by HMAC-SHA256(secret, ``"gym-sessions/session-snapshots"``)
 over the claim name and everything after the MAC, each prefixed by its 8-byte
 length: a snapshot cannot be forged, altered or moved to another session, and
 one that does not verify is never decoded (the session bytes may be a pickle).
 
-Snapshots live in ``<runtime dir>/snapshots/<claim name>`` with file claims
-(`FileSnapshotStore`: written as a temporary file and renamed into place, mode
-0600 in the 0700 runtime directory), or in ``gym_sessions:snapshot:<claim
+Snapshots live in ``<runtime dir>/snapshots/<claim name>.0`` and ``.1`` with
+file claims (`FileSnapshotStore`: two slots overwritten in place, alternately,
+mode 0600 in the 0700 runtime directory), or in ``gym_sessions:snapshot:<claim
 name>`` with Redis claims (`RedisSnapshotStore`, base64). They end with their
 claims (the stores' ``remove``). File snapshots survive the death of a
 process, not of the host: they are not synced to disk.
