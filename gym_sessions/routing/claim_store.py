@@ -111,6 +111,9 @@ def claim_name(session_id: str) -> str:
 # A takeover under way elsewhere takes microseconds (no awaits, local files):
 # a loser polls this long for the winner's claim before it gives up (410).
 _TAKEOVER_WAIT_SECONDS = 2.0
+# A worker that stopped listening exits within its shutdown's last steps
+# (closing the forwarder, releasing sessions): well under this.
+_EXIT_WAIT_SECONDS = 5.0
 
 
 class FileClaimStore:
@@ -158,7 +161,21 @@ class FileClaimStore:
         return True
 
     async def holder_exited(self, worker_id: str) -> bool:
-        return worker_id != self.worker_id and not worker_process_exists(worker_id)
+        """Its process is gone; a worker that refuses but still runs is waited for, briefly.
+
+        A live worker's socket refuses only once it has stopped its private
+        listener on its way out (drained, reloaded, stopped alone): it serves
+        nothing more and exits moments later, so wait for that rather than
+        answer 410. A pid that stays (reused by another process) is never gone.
+        """
+        if worker_id == self.worker_id:
+            return False
+        deadline = time.monotonic() + _EXIT_WAIT_SECONDS
+        while worker_process_exists(worker_id):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def take_over(self, session_id: str, dead_holder: str) -> str | None:
         with _overloaded_on_exhaustion():

@@ -281,6 +281,15 @@ class OwnedClaims:
         """Live sessions this worker holds (see `mark_open`)."""
         return self._live
 
+    def live_session_ids(self) -> list[str]:
+        """Ids of the live sessions this worker holds."""
+        return [sid for sid, claim in self._claims.items() if claim.state.live]
+
+    def in_flight(self, session_id: str) -> int:
+        """Requests for ``session_id`` being served here now (0 if not held)."""
+        claim = self._claims.get(session_id)
+        return 0 if claim is None else claim.in_flight
+
     def state(self, session_id: str) -> ClaimState:
         """The state of this worker's claim of ``session_id`` (`ClaimState.ENDED` if none)."""
         claim = self._claims.get(session_id)

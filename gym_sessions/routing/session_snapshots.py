@@ -353,6 +353,8 @@ class SessionSnapshots:
         self._logged: set[str] = set()
         # The number of each session's next snapshot here.
         self._next_seq: dict[str, int] = {}
+        # Sessions whose snapshot holds their state as of their last reply.
+        self._current: set[str] = set()
         self.restored_total = 0
 
     async def after_request(self, session_id: str, *, held: bool) -> None:
@@ -362,6 +364,7 @@ class SessionSnapshots:
         claim (its reply turned into a 409) must not touch the holder's snapshot.
         """
         if self.take_changed(session_id) and held and self.capturable:
+            self._current.discard(session_id)
             await self.save(session_id)
 
     async def save(self, session_id: str) -> None:
@@ -392,6 +395,7 @@ class SessionSnapshots:
         try:
             await self.store.save(session_id, data, seq)
             self._next_seq[session_id] = seq + 1
+            self._current.add(session_id)
         except Exception:
             # A stale snapshot would restore a state the client never saw last:
             # better none (410 if the worker dies) than that. The reply goes on.
@@ -400,15 +404,31 @@ class SessionSnapshots:
 
     def _not_durable(self, session_id: str, why: str) -> None:
         # An older snapshot must not outlive the state it no longer describes.
+        self._current.discard(session_id)
         self.store.discard(session_id)
         if session_id not in self._logged:
             self._logged.add(session_id)
             logger.warning("session %r is served but not durable: %s", session_id, why)
 
+    def can_hand_over(self) -> bool:
+        """Whether every live session here could be restored elsewhere as it is now.
+
+        Each has a snapshot of its state as of its last reply and no request in
+        flight. A draining worker whose sessions all can leaves at once: the
+        next request of each restores it on another worker (`WorkerApp.drained`).
+        """
+        if not self.capturable:
+            return False
+        return all(
+            sid in self._current and self.claims.in_flight(sid) == 0
+            for sid in self.claims.live_session_ids()
+        )
+
     def forget(self, session_id: str) -> None:
         """The session's state is gone here (closed, expired): so is its snapshot."""
         self._logged.discard(session_id)
         self._next_seq.pop(session_id, None)
+        self._current.discard(session_id)
         self.store.discard(session_id)
 
     async def _load(self, session_id: str) -> Snapshot | None:
@@ -454,6 +474,7 @@ class SessionSnapshots:
         self.claims.restored(session_id, snapshot.incarnation)
         # Continue its numbering: the next write goes to the older slot.
         self._next_seq[session_id] = snapshot.seq + 1
+        self._current.add(session_id)
         self.restored_total += 1
         logger.info("session %r restored here from the snapshot of %s", session_id, dead_holder)
         return RestoreOutcome(True)

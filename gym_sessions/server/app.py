@@ -313,8 +313,20 @@ class WorkerApp:
         logger.info("worker %s drains: %d open sessions", self.worker_id, self.claims.live_sessions)
 
     async def drained(self) -> None:
-        """Return once this worker holds no open session (polls: sessions end on any path)."""
-        while self.claims.live_sessions > 0:  # noqa: ASYNC110 (closes, expiries, releases: many paths)
+        """Return once this worker holds no open session (polls: sessions end on any path).
+
+        With durable sessions, also once every open session can be handed over
+        (`SessionSnapshots.can_hand_over`): the worker then leaves at once, and
+        each session is restored where its next request lands after it exited.
+        """
+        while self.claims.live_sessions > 0:
+            if self.snapshots is not None and self.snapshots.can_hand_over():
+                logger.info(
+                    "worker %s hands its %d open sessions over (durable)",
+                    self.worker_id,
+                    self.claims.live_sessions,
+                )
+                return
             await asyncio.sleep(0.2)
 
     def leave_server(self) -> None:

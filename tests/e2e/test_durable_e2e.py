@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
@@ -61,3 +62,44 @@ def test_sigkilled_worker_mid_episodes_loses_no_durable_session(serve):
     # Every session is closed: its snapshot went with it.
     assert RuntimeDirectory(runtime_dir).snapshot_count() == 0
     assert server.stop() == 0
+
+
+def test_a_draining_worker_hands_its_open_durable_sessions_over_at_once(serve):
+    # SIGTTOU drains one worker. Without durability it serves its open sessions
+    # until they close (or --drain-timeout); with it, it leaves as soon as each
+    # has its snapshot, and the sessions continue on the other workers.
+    server = serve(COUNTER, "--durable-sessions", workers=4)
+    episodes = make_episodes(80, seed=18)
+
+    async def scenario() -> tuple[DurablePlayer, float | None]:
+        async with client_session() as client:
+            player = DurablePlayer(client, server.url)
+            before = set(server.worker_pids())
+            cookies = await asyncio.gather(*[player.start(e) for e in episodes])
+            server.process.send_signal(signal.SIGTTOU)
+            drained_after: float | None = None
+            started = time.monotonic()
+
+            async def watch() -> None:
+                nonlocal drained_after
+                while drained_after is None and time.monotonic() - started < 30:
+                    if len(before & set(server.worker_pids())) == 3:
+                        drained_after = time.monotonic() - started
+                    await asyncio.sleep(0.05)
+
+            async def finish_slowly(e, cookie) -> None:
+                await asyncio.sleep(1.0)  # sessions stay open well past the drain
+                await player.finish(e, cookie)
+
+            await asyncio.gather(
+                watch(), *[finish_slowly(e, c) for e, c in zip(episodes, cookies, strict=True)]
+            )
+            return player, drained_after
+
+    player, drained_after = asyncio.run(scenario())
+    assert [e.reward for e in episodes].count(1.0) == len(episodes)
+    # The drained worker left within seconds, its sessions still open then.
+    assert drained_after is not None and drained_after < 10, drained_after
+    for failures in player.failures.values():
+        assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
+    print(f"\ndrained worker gone after {drained_after:.1f} s; failures {player.failures}")

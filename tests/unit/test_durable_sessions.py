@@ -13,7 +13,10 @@ import functools
 import logging
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -474,3 +477,34 @@ async def test_a_snapshot_write_cut_short_leaves_the_one_before(short_tmp):
         file.write(len(record).to_bytes(8, "big") + record[: len(record) // 2])
     survivor = await snapshots._load("s")
     assert survivor is not None and (survivor.seq, survivor.session) == (2, b"third")
+
+
+@pytest.fixture
+def exiting_pid():
+    """The pid of a process that exits by itself a second from now (and is reaped then)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+async def test_a_worker_that_stopped_listening_is_restored_from_once_it_exits(
+    start_clusters, exiting_pid
+):
+    # A drained or reloaded worker stops listening moments before it exits:
+    # its sessions' requests wait for the exit instead of getting 410.
+    ids = [f"{exiting_pid}-{os.urandom(4).hex()}", dead_worker_id(), dead_worker_id()]
+    c = await start_clusters(
+        counter_server,
+        3,
+        worker_ids=ids,
+        durable_sessions=True,
+        session_close_retry_window_seconds=WINDOW,
+    )
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    await c[0].kill()
+    started = time.monotonic()
+    step = await c[1].request("POST", "/step", {"action": 3}, cookie=cookie)
+    assert step.status == 200 and step.json["observation"] == 8
+    assert time.monotonic() - started > 0.3  # it waited for the exit
