@@ -103,3 +103,47 @@ def test_a_draining_worker_hands_its_open_durable_sessions_over_at_once(serve):
     for failures in player.failures.values():
         assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
     print(f"\ndrained worker gone after {drained_after:.1f} s; failures {player.failures}")
+
+
+def test_a_reload_hands_open_durable_sessions_to_the_new_workers(serve):
+    # SIGHUP: once the new generation serves, the old workers drain; with
+    # durable sessions they leave at once and their open sessions continue
+    # on the new workers (the same target, imported afresh).
+    server = serve(COUNTER, "--durable-sessions", workers=2)
+    episodes = make_episodes(40, seed=19)
+
+    async def scenario() -> tuple[DurablePlayer, set[int], float | None]:
+        async with client_session() as client:
+            player = DurablePlayer(client, server.url)
+            old = set(server.worker_pids())
+            cookies = await asyncio.gather(*[player.start(e) for e in episodes])
+            server.process.send_signal(signal.SIGHUP)
+            started = time.monotonic()
+            gone_after: float | None = None
+
+            async def watch() -> None:
+                nonlocal gone_after
+                while gone_after is None and time.monotonic() - started < 60:
+                    if not old & set(server.worker_pids()):
+                        gone_after = time.monotonic() - started
+                    await asyncio.sleep(0.05)
+
+            async def finish_slowly(e, cookie) -> None:
+                for _ in range(100):  # until the reload is under way
+                    if gone_after is not None:
+                        break
+                    await asyncio.sleep(0.1)
+                await player.finish(e, cookie)
+
+            await asyncio.gather(
+                watch(), *[finish_slowly(e, c) for e, c in zip(episodes, cookies, strict=True)]
+            )
+            return player, old, gone_after
+
+    player, old, gone_after = asyncio.run(scenario())
+    assert gone_after is not None  # the old generation left with its sessions open
+    assert [e.reward for e in episodes].count(1.0) == len(episodes)
+    assert not old & set(server.worker_pids()) and len(server.worker_pids()) == 2
+    for failures in player.failures.values():
+        assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
+    print(f"\nold workers gone {gone_after:.1f} s after SIGHUP; failures {player.failures}")
