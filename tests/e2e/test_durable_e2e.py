@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
+import uuid
 
 import pytest
 
@@ -147,3 +151,68 @@ def test_a_reload_hands_open_durable_sessions_to_the_new_workers(serve):
     for failures in player.failures.values():
         assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
     print(f"\nold workers gone {gone_after:.1f} s after SIGHUP; failures {player.failures}")
+
+
+def _kill_holder_of(runtime_dir: str, session_id: str) -> str:
+    holder = claim_owner(runtime_dir, session_id)
+    assert holder is not None
+    os.kill(int(holder.split("-")[0]), signal.SIGKILL)
+    time.sleep(0.3)  # reaped by the supervisor: its socket refuses
+    return holder
+
+
+def _post(url: str, path: str, body: dict, cookie: str | None = None) -> tuple[int, dict, str]:
+    request = urllib.request.Request(
+        url + path,
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", **({"Cookie": cookie} if cookie else {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            set_cookie = reply.headers.get("set-cookie") or ""
+            return reply.status, json.loads(reply.read()), set_cookie.split(";", 1)[0]
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), ""
+
+
+def test_a_seeded_cartpole_episode_restored_midway_matches_an_uninterrupted_run(serve):
+    server = serve("CartPole-v1", "--durable-sessions", workers=4)
+    (runtime_dir,) = server.runtime_dirs()
+
+    def episode(kill_at: int | None) -> list[list[float]]:
+        sid = uuid.uuid4().hex
+        status, data, cookie = _post(
+            server.url, "/reset", {"resources_session_id": sid, "seed": 123}
+        )
+        assert status == 200, data
+        observations = [data["observation"]]
+        for index in range(200):
+            if index == kill_at:
+                _kill_holder_of(runtime_dir, sid)
+            status, data, _ = _post(server.url, "/step", {"action": index % 2}, cookie)
+            assert status == 200, data  # the step after the kill too: restored, no error
+            observations.append(data["observation"])
+            if data["terminated"] or data["truncated"]:
+                break
+        # The env's RNG came along: an unseeded reset draws the same start.
+        status, data, _ = _post(server.url, "/reset", {}, cookie)
+        observations.append(data["observation"])
+        return observations
+
+    uninterrupted = episode(None)
+    assert len(uninterrupted) > 8
+    assert episode(5) == uninterrupted
+
+
+def test_an_env_that_cannot_be_captured_still_gets_410(serve):
+    server = serve("tests.e2e.uncapturable_env:LockedCounterEnv", "--durable-sessions", workers=2)
+    assert "sessions cannot be captured" in server.log()  # said once, at start-up
+    (runtime_dir,) = server.runtime_dirs()
+    sid = uuid.uuid4().hex
+    status, _, cookie = _post(server.url, "/reset", {"resources_session_id": sid})
+    assert status == 200
+    assert _post(server.url, "/step", {"action": 1}, cookie)[0] == 200
+    assert RuntimeDirectory(runtime_dir).snapshot_count() == 0
+    _kill_holder_of(runtime_dir, sid)
+    status, data, _ = _post(server.url, "/step", {"action": 1}, cookie)
+    assert status == 410 and data["error"]["code"] == "session_gone"
