@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils import seeding
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -114,7 +115,7 @@ def _rng_state(env: gym.Env) -> Any:
 def _set_rng_state(env: gym.Env, state: Any) -> None:
     if state is None:
         return
-    rng, _ = gym.utils.seeding.np_random(0)
+    rng, _ = seeding.np_random(0)  # the generator type Gymnasium uses, then its state
     rng.bit_generator.state = state["bit_generator"]
     env.unwrapped._np_random = rng
     env.unwrapped._np_random_seed = state["seed"]
@@ -229,6 +230,10 @@ class GymEnvServer(ResourcesServer):
             _set_rng_state(env, payload["rng"])
         else:
             env = pickle.loads(payload["env"])
+        stale = self._sessions.pop(session_id, None)
+        if stale is not None:
+            # Left by a request this worker served without the claim: never two envs.
+            stale.env.close()
         self._sessions[session_id] = _ServedEnv(
             env,
             render_mode,

@@ -289,11 +289,21 @@ async def test_an_env_with_get_state_is_captured_by_it(durable):
     c = await durable(functools.partial(GymEnvServer, StatefulCounter))
     assert env_capture_method(StatefulCounter()) == "get_state"
     sid = new_id()
-    cookie = await start_counter(c, 0, sid, initial=2, expected=5)
+    options = {"initial_count": 2, "expected_count": 5}
+    start = await c[0].request(
+        "POST", "/reset", {"resources_session_id": sid, "seed": 3, "options": options}
+    )
+    cookie = start.cookie
     assert (await c[0].request("POST", "/step", {"action": 2}, cookie=cookie)).status == 200
+    # The seeded generator as of the last reply (the killed worker's memory keeps it).
+    rng_state = c[0].server._sessions[sid].env.np_random.bit_generator.state
     await c[0].kill()
     step = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
     assert step.status == 200 and step.json["observation"] == 5
+    # A set_state env gets its np_random back from the server (get_state need not).
+    restored_env = c[1].server._sessions[sid].env
+    assert restored_env.np_random_seed == 3
+    assert restored_env.np_random.bit_generator.state == rng_state
     verify = await c[1].request("POST", "/verify", cookie=cookie)
     assert verify.json["reward"] == 1.0 and verify.json["episode_length"] == 2
 
