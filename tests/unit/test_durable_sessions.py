@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from envs.counter import CounterEnv
+from envs.counter import CounterAgent, CounterEnv
 from gym_sessions.cli import _report_durability
 from gym_sessions.routing.claim_store import FileClaimStore, LocalClaimStore
 from gym_sessions.routing.owned_claims import OwnedClaims
@@ -518,3 +518,21 @@ async def test_a_worker_that_stopped_listening_is_restored_from_once_it_exits(
     step = await c[1].request("POST", "/step", {"action": 3}, cookie=cookie)
     assert step.status == 200 and step.json["observation"] == 8
     assert time.monotonic() - started > 0.3  # it waited for the exit
+
+
+async def test_an_agent_session_whose_state_pickles_continues_after_its_worker_died(durable):
+    c = await durable(CounterAgent)
+    sid = new_id()
+    seed = await c[0].request(
+        "POST", "/v1/agent_sessions", {"agent_session_id": sid, "values": [1, 2]}
+    )
+    assert seed.status == 200 and seed.json["created"]
+    remembered = await c[0].request("POST", "/remember", {"value": 3}, cookie=seed.cookie)
+    assert remembered.json == {"count": 3, "total": 6}
+    await c[0].kill()
+    remembered = await c[1].request("POST", "/remember", {"value": 4}, cookie=seed.cookie)
+    assert remembered.status == 200 and remembered.json == {"count": 4, "total": 10}
+    closed = await c[2].request("POST", "/v1/agent_sessions/close", {"agent_session_id": sid})
+    assert closed.status == 200, closed.json
+    assert closed.json["outcome"] == "closed" and closed.json["total"] == 10
+    assert c.runtime_dir is not None and c.runtime_dir.snapshot_count() == 0
