@@ -87,7 +87,11 @@ class CounterAgent(AgentServer):
     carries them.
 
     Serve it with ``gym-sessions serve envs.counter:CounterAgent --workers 4``.
+    Its sessions' state (a list) pickles: with ``--durable-sessions`` they
+    outlive their worker.
     """
+
+    durable_agent_state = True
 
     def check_run(self, body: dict[str, Any]) -> None:
         TASK_BODY.validate(body.get("task"))
@@ -140,6 +144,7 @@ class CounterAgent(AgentServer):
         if state is None:
             raise NotFoundError("no agent session: seed one with POST /v1/agent_sessions")
         state["values"].append(body["value"])
+        self.session_changed(self.session_id(request))  # written before the reply
         return JSONResponse({"count": len(state["values"]), "total": sum(state["values"])})
 
 

@@ -125,6 +125,8 @@ def serve(
     served = load_target(target)  # fail here, with one clear line, rather than in every worker
     if isinstance(served, SessionServer):
         served.check_settings(settings)
+        if settings.durable_sessions:
+            _report_durability(served, settings)
     if settings.redis_claims:
         from gym_sessions.routing.redis_claims import check_redis
 
@@ -357,6 +359,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     lifecycle = serve_cmd.add_argument_group("lifecycle (README 'Operations')")
     lifecycle.add_argument(
+        "--durable-sessions",
+        action="store_true",
+        help="snapshot each live session after every request that changed it, so a session "
+        "whose worker died is restored on another worker instead of 410 (file claims; see "
+        "README 'Durable sessions')",
+    )
+    lifecycle.add_argument(
+        "--max-snapshot-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        metavar="BYTES",
+        help="with --durable-sessions: a session whose snapshot is larger is served but not "
+        "durable (default 8 MiB)",
+    )
+    lifecycle.add_argument(
         "--graceful-timeout",
         type=float,
         default=30.0,
@@ -488,6 +505,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report_durability(served: Any, settings: Settings) -> None:
+    """One line at start-up when durable sessions were asked for but cannot be had."""
+    log = logging.getLogger("gym_sessions.supervisor")
+    if not settings.routed:
+        log.warning(
+            "--durable-sessions: one worker has no other worker to restore its sessions on; "
+            "sessions are not durable"
+        )
+        return
+    how = served.durability()
+    if how is None:
+        log.warning(
+            "--durable-sessions: %s's sessions cannot be captured (no get_state()/set_state() "
+            "and pickle fails): they are not durable, and get 410 when their worker dies",
+            type(served).__name__,
+        )
+    else:
+        log.info("durable sessions: %s", how)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -528,6 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 drain_timeout=args.drain_timeout,
                 metrics=args.metrics == "on",
                 metrics_token=metrics_token,
+                durable_sessions=args.durable_sessions,
+                max_snapshot_bytes=args.max_snapshot_bytes,
             )
             serve(args.target, settings, args.log_level, args.pid_file, env_kwargs)
         elif args.command == "reload":

@@ -115,6 +115,13 @@ class Settings:
             to loopback clients only. ``gym-sessions serve`` reads it from
             ``--metrics-token-file``; like the secret it travels to workers
             inside their pickled config only.
+        durable_sessions: After every request that changed a live session,
+            write its snapshot beside its claim before the reply, so the session
+            outlives its worker: the next request after the worker died restores
+            it elsewhere instead of 410 (envs that can be captured only:
+            docs/design.md §3.14).
+        max_snapshot_bytes: A session whose snapshot is larger is served but
+            not durable (logged once per session).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
     """
 
@@ -147,6 +154,8 @@ class Settings:
     unsandboxed: bool = False
     metrics: bool = True
     metrics_token: str = field(default="", repr=False)
+    durable_sessions: bool = False
+    max_snapshot_bytes: int = 8 * _MIB
     runtime_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -168,6 +177,8 @@ class Settings:
             raise ValueError("max_sessions must be 0 (no limit) or positive")
         if self.session_idle_timeout < 0:
             raise ValueError("session_idle_timeout must be 0 (never) or positive")
+        if self.max_snapshot_bytes < 1:
+            raise ValueError("max_snapshot_bytes must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be positive")
         if self.max_inflight_body_bytes < self.max_body_bytes:

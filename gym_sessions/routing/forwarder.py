@@ -37,8 +37,10 @@ __all__ = [
     "HOP_BY_HOP_HEADERS",
     "SIGNATURE_HEADER",
     "Forwarder",
+    "HolderRefusedError",
     "forwarded_headers",
     "holder_gone",
+    "holder_refused",
     "make_forwarder",
     "reply_headers",
     "request_target",
@@ -92,9 +94,22 @@ def reply_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [(name, value) for name, value in lowered if name not in HOP_BY_HOP_HEADERS]
 
 
+class HolderRefusedError(SessionGoneError):
+    """The holder refused the connection: the request never reached it (410 as any gone holder).
+
+    Unlike a hop that broke mid-request, nothing can have run there, so a
+    durable session may be restored elsewhere and this very request served.
+    """
+
+
 def holder_gone(worker_id: str) -> SessionGoneError:
     """The error for a session whose worker has exited."""
     return SessionGoneError(f"the worker that holds this session ({worker_id}) is gone")
+
+
+def holder_refused(worker_id: str) -> HolderRefusedError:
+    """`holder_gone` for a holder that refused the connection before any byte was sent."""
+    return HolderRefusedError(f"the worker that holds this session ({worker_id}) is gone")
 
 
 def make_forwarder(endpoints: WorkerEndpoints, signer: ForwardSigner | None = None) -> Forwarder:

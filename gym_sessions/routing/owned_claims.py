@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError
+from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError, SessionGoneError
 from gym_sessions.routing.claim_store import ClaimStore
 from gym_sessions.routing.session_access import Incarnation
 
@@ -60,6 +60,9 @@ class ClaimState(enum.Enum):
     CLOSED = "closed"
     #: Ends as soon as its requests in flight finish.
     RELEASING = "releasing"
+    #: Taken over from a dead holder (durable sessions): the session is being
+    #: rebuilt from its snapshot; `RESTORED` makes it OPEN, `RESTORE_FAILED` ends it.
+    RESTORING = "restoring"
     #: Gone from memory (and its store key removed, unless another worker holds it).
     ENDED = "ended"
 
@@ -113,11 +116,15 @@ class ClaimEvent(enum.Enum):
     IDLE_TIMEOUT = "idle timeout"
     #: The store says another worker holds the claim now (a renewal, or a restore).
     TAKEN_ELSEWHERE = "taken elsewhere"
+    #: A taken-over session was rebuilt from its snapshot (`OwnedClaims.restored`).
+    RESTORED = "restored"
+    #: A taken-over session could not be rebuilt (`OwnedClaims.restore_failed`).
+    RESTORE_FAILED = "restore failed"
 
 
 def _transition_table() -> Mapping[tuple[ClaimState, ClaimEvent], ClaimState]:
     S, E = ClaimState, ClaimEvent
-    held = (S.CLAIMED, S.OPEN, S.RECORD, S.CLOSED, S.RELEASING)
+    held = (S.CLAIMED, S.OPEN, S.RECORD, S.CLOSED, S.RELEASING, S.RESTORING)
     table = {
         # The session started, or an agent's seed registered: a live session.
         # From OPEN it is a restart; from RECORD or CLOSED a start of the id again.
@@ -151,6 +158,10 @@ def _transition_table() -> Mapping[tuple[ClaimState, ClaimEvent], ClaimState]:
         (S.RELEASING, E.WINDOW_PASSED): S.ENDED,
         (S.OPEN, E.IDLE_TIMEOUT): S.CLOSED,
         **{(state, E.TAKEN_ELSEWHERE): S.ENDED for state in held},
+        # A takeover (durable sessions) enters RESTORING from no claim; the
+        # rebuild is synchronous, so no request and no sweep sees it meanwhile.
+        (S.RESTORING, E.RESTORED): S.OPEN,
+        (S.RESTORING, E.RESTORE_FAILED): S.ENDED,
     }
     return MappingProxyType(table)
 
@@ -173,6 +184,8 @@ class _Claim:
     # holds while bringing the store in line.
     expiry: StoreExpiry = StoreExpiry.HELD
     lock: asyncio.Lock | None = None
+    # Set once a RESTORING claim's restore ended (either way); requests wait for it.
+    restore_done: asyncio.Event | None = None
 
     @property
     def wanted_expiry(self) -> StoreExpiry:
@@ -274,6 +287,15 @@ class OwnedClaims:
         """Live sessions this worker holds (see `mark_open`)."""
         return self._live
 
+    def live_session_ids(self) -> list[str]:
+        """Ids of the live sessions this worker holds."""
+        return [sid for sid, claim in self._claims.items() if claim.state.live]
+
+    def in_flight(self, session_id: str) -> int:
+        """Requests for ``session_id`` being served here now (0 if not held)."""
+        claim = self._claims.get(session_id)
+        return 0 if claim is None else claim.in_flight
+
     def state(self, session_id: str) -> ClaimState:
         """The state of this worker's claim of ``session_id`` (`ClaimState.ENDED` if none)."""
         claim = self._claims.get(session_id)
@@ -327,6 +349,48 @@ class OwnedClaims:
         await self._removed(session_id)
         return await self.store.read(session_id)
 
+    async def take_over(self, session_id: str, dead_holder: str) -> str | None:
+        """Take the claim of a dead holder over (durable sessions); ``None`` if this worker won.
+
+        The claim starts RESTORING here, with a placeholder incarnation that
+        `restored` replaces by the snapshot's. Otherwise returns the worker
+        that holds the claim now: this worker's id if another of its requests
+        won (its restore may still run: `enter` waits for it), ``dead_holder``
+        if nobody could take it.
+        """
+        if session_id in self._claims:
+            return self.worker_id  # another request of ours took it over (or is restoring it)
+        other = await self.store.take_over(session_id, dead_holder)
+        if other is not None:
+            return other
+        if session_id in self._claims:
+            # Cannot happen: the store lets one taker win, and a request of
+            # ours that won meanwhile would have made the store answer our id.
+            logger.error("session %r was taken over twice by this worker", session_id)
+            return self.worker_id
+        self._claims[session_id] = _Claim(
+            idle_since=self._clock(), state=ClaimState.RESTORING, restore_done=asyncio.Event()
+        )
+        return None
+
+    def restored(self, session_id: str, incarnation: Incarnation) -> None:
+        """The taken-over session was rebuilt: live here under its old incarnation."""
+        claim = self._claims.get(session_id)
+        if claim is None:
+            return
+        claim.incarnation = incarnation
+        self._transition(session_id, claim, ClaimEvent.RESTORED)
+        if claim.restore_done is not None:
+            claim.restore_done.set()
+
+    def restore_failed(self, session_id: str) -> None:
+        """The taken-over session could not be rebuilt: end the claim (and its snapshot)."""
+        claim = self._claims.get(session_id)
+        if claim is not None:
+            self._release(session_id, claim, ClaimEvent.RESTORE_FAILED)
+            if claim.restore_done is not None:
+                claim.restore_done.set()
+
     def incarnation(self, session_id: str) -> Incarnation:
         """The incarnation of a session this worker claims (see `session_access`)."""
         return self._claims[session_id].incarnation
@@ -379,6 +443,13 @@ class OwnedClaims:
                 "that it still holds its sessions"
             )
         claim = self._claims[session_id]
+        if claim.restore_done is not None and not claim.restore_done.is_set():
+            # Taken over, being rebuilt (durable sessions): never serve before.
+            await claim.restore_done.wait()
+            if self._claims.get(session_id) is not claim:
+                raise SessionGoneError(
+                    f"session {session_id!r} could not be restored after its worker died"
+                )
         claim.in_flight += 1
         if claim.expiry is StoreExpiry.HELD:
             return

@@ -67,6 +67,7 @@ from redis.backoff import NoBackoff
 
 from gym_sessions.errors import ClaimsUnavailableError, StartupError
 from gym_sessions.routing.claim_store import claim_name
+from gym_sessions.routing.session_snapshots import snapshot_key
 
 __all__ = [
     "REGISTRATION_PREFIX",
@@ -74,6 +75,7 @@ __all__ = [
     "EntrySigner",
     "RedisClaimStore",
     "WorkerRegistry",
+    "call_redis",
     "check_redis",
     "connect_redis",
     "connect_redis_blocking",
@@ -273,20 +275,70 @@ return false
 class _RemoveArgs(_ScriptArgs):
     """`_REMOVE`: remove this worker's claim (never another worker's)."""
 
-    key_count = 2
+    key_count = 3
     claim_key: str
     index_key: str
+    #: The session's snapshot (durable sessions): it ends with the claim.
+    snapshot_key: str
     claim_value: str
     claim_name: str
 
 
-# 1 if the claim was ours and is deleted, else 0; its name leaves our index either way.
+# 1 if the claim was ours and is deleted (with its snapshot), else 0; its name
+# leaves our index either way.
 _REMOVE = (
     _RemoveArgs.lua_locals()
     + """
 redis.call('SREM', index_key, claim_name)
-if redis.call('GET', claim_key) == claim_value then return redis.call('DEL', claim_key) end
+if redis.call('GET', claim_key) == claim_value then
+  redis.call('DEL', snapshot_key)
+  return redis.call('DEL', claim_key)
+end
 return 0
+"""
+)
+
+
+@dataclass(frozen=True)
+class _TakeOverArgs(_ScriptArgs):
+    """`_TAKE_OVER`: replace a dead worker's claim by this worker's (durable sessions)."""
+
+    key_count = 5
+    claim_key: str
+    index_key: str
+    indexed_workers_key: str
+    #: The dead worker's claim index and registration.
+    dead_index_key: str
+    dead_registration_key: str
+    #: The dead worker's signed claim value, as this worker read it.
+    expected_value: str
+    #: This worker's signed claim value.
+    claim_value: str
+    claim_name: str
+    worker_id: str
+    epoch_key: str
+    grace_ms: int
+
+
+# Compare and set: {1} when the claim still held the dead worker's value and
+# that worker is still unregistered (the claim is ours now, without expiry,
+# and out of the dead worker's index); {0, value or ''} when it holds something
+# else (the winner of a race, or nothing); {-1, reason} while Redis settles or
+# if the worker registered again (not dead after all).
+_TAKE_OVER = (
+    _TakeOverArgs.lua_locals()
+    + _HOLDER_LUA
+    + """
+local reason = settling(epoch_key, grace_ms)
+if reason then return {-1, reason} end
+local owner = redis.call('GET', claim_key)
+if owner ~= expected_value then return {0, owner or ''} end
+if redis.call('EXISTS', dead_registration_key) == 1 then return {-1, 'registered again'} end
+redis.call('SET', claim_key, claim_value)
+redis.call('SREM', dead_index_key, claim_name)
+redis.call('SADD', index_key, claim_name)
+redis.call('SADD', indexed_workers_key, worker_id)
+return {1}
 """
 )
 
@@ -418,6 +470,7 @@ _SCRIPTS: dict[str, tuple[type[_ScriptArgs], str]] = {
     "create": (_CreateArgs, _CREATE),
     "read": (_ReadArgs, _READ),
     "remove": (_RemoveArgs, _REMOVE),
+    "take_over": (_TakeOverArgs, _TAKE_OVER),
     "keep": (_KeepArgs, _KEEP),
     "reap": (_ReapArgs, _REAP),
     "register": (_RegisterArgs, _REGISTER),
@@ -610,6 +663,11 @@ def _check_eviction(client: redis.Redis, url: str) -> None:
             "claim or registration makes live sessions look gone or unknown; set "
             "maxmemory-policy noeviction (or no maxmemory) for its database"
         )
+
+
+async def call_redis(operation: Awaitable[_T], deadline: float) -> _T:
+    """Await a Redis call bounded by ``deadline`` seconds; failures are `ClaimsUnavailableError`."""
+    return await _call(operation, deadline)
 
 
 async def _call(operation: Awaitable[_T], deadline: float) -> _T:
@@ -867,6 +925,34 @@ def _split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _join_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# A takeover needs the dead worker's registration gone; a SIGKILLed worker's
+# lasts up to REGISTRATION_SECONDS after its last beat. Wait that long (polling)
+# rather than answer 410 the client would see.
+_LAPSE_POLL_SECONDS = 0.25
+_REFUSAL_PROBE_SECONDS = 2.0
+
+
+async def _refuses(address: tuple[str, int]) -> bool:
+    """Whether ``address`` actively refuses TCP connections (nothing listens there).
+
+    Silence is not refusal: a host cut off by a partition may still serve its
+    sessions from memory, so only a refusal lets them be taken over.
+    """
+    try:
+        async with asyncio.timeout(_REFUSAL_PROBE_SECONDS):
+            _, writer = await asyncio.open_connection(*address)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return False
+
+
 class RedisClaimStore:
     """`ClaimStore` on Redis, shared by every worker of every host.
 
@@ -894,6 +980,7 @@ class RedisClaimStore:
         self._remove = client.register_script(_REMOVE)
         self._keep = client.register_script(_KEEP)
         self._reap = client.register_script(_REAP)
+        self._take_over = client.register_script(_TAKE_OVER)
         self._orphan_ms = max(1, int(orphan_seconds * 1000))
         self._grace_ms = int(RESTORE_GRACE_SECONDS * 1000)
         self.index_key = self.index_prefix + self.worker_id
@@ -1017,11 +1104,69 @@ class RedisClaimStore:
                     self.registry.remember(holder, registration, address)
                 return holder
 
+    async def holder_exited(self, worker_id: str) -> bool:
+        """Gone for a takeover: its registration lapsed and its claimed address refuses.
+
+        A worker whose heartbeat is late but that still listens is slow, not
+        gone; one that is silent may be cut off by a partition and still
+        serving. Waits up to `REGISTRATION_SECONDS` for the registration of a
+        worker that refuses to lapse.
+        """
+        claimed = self.registry.claimed_address(worker_id)
+        if worker_id == self.worker_id or claimed is None:
+            return False
+        key = self.registry.key_prefix + worker_id
+        deadline = time.monotonic() + REGISTRATION_SECONDS + HEARTBEAT_SECONDS
+        while await _call(self.client.exists(key), self.registry.deadline):
+            if time.monotonic() > deadline or not await _refuses(claimed):
+                return False
+            await asyncio.sleep(_LAPSE_POLL_SECONDS)
+        self.registry.remember(worker_id, None, None)  # unregistered: forget its address
+        return await _refuses(claimed)
+
+    async def take_over(self, session_id: str, dead_holder: str) -> str | None:
+        """`ClaimStore.take_over`: one Lua compare-and-set on the claim's whole signed value.
+
+        Raises:
+            ClaimsUnavailableError: Redis is settling, unreachable, the dead
+                worker registered again, or the claim holds an unsigned value.
+        """
+        claimed = self.registry.claimed_address(dead_holder)
+        if claimed is None:
+            return dead_holder  # never read its claim: nothing to compare with
+        name, value = self._mine(session_id)
+        args = _TakeOverArgs(
+            claim_key=self.claim_prefix + name,
+            index_key=self.index_key,
+            indexed_workers_key=self.indexed_workers_key,
+            dead_index_key=self.index_prefix + dead_holder,
+            dead_registration_key=self.registry.key_prefix + dead_holder,
+            expected_value=self.registry.signer.claim_value(
+                name, dead_holder, _join_address(*claimed)
+            ),
+            claim_value=value,
+            claim_name=name,
+            worker_id=self.worker_id,
+            epoch_key=_EPOCH_KEY,
+            grace_ms=self._grace_ms,
+        )
+        found = await self._run(self._take_over, args)
+        if found[0] == 1:
+            return None
+        if found[0] == -1:
+            raise ClaimsUnavailableError(f"the claim store {found[1]}: retry shortly")
+        if not found[1]:
+            return dead_holder  # the claim is gone (expired): nothing to restore
+        holder, address = self.registry.signer.read_claim(name, found[1])
+        self.registry.remember(holder, None, address)
+        return holder
+
     async def remove(self, session_id: str) -> None:
         name, value = self._mine(session_id)
         args = _RemoveArgs(
             claim_key=self.claim_prefix + name,
             index_key=self.index_key,
+            snapshot_key=snapshot_key(session_id),
             claim_value=value,
             claim_name=name,
         )

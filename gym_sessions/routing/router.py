@@ -5,7 +5,8 @@ For each HTTP request `SessionRouter`:
 1. reads the body (bounded by ``max_body_bytes``) and finds the session id
    (`find_session_id`), minting a random one when the request names none;
 2. if another worker claims that id, forwards the request to it over its
-   private socket and streams the reply back (410 if that worker is gone);
+   private socket and streams the reply back (410 if that worker is gone,
+   unless the session is durable: then it is restored here, `SessionSnapshots`);
 3. otherwise serves it here, once the ownership rule (`SessionAccess`) has
    admitted it. Every request that names an id is claimed before its handler
    runs: a session start or a close naming an id always, and a cookie naming
@@ -59,7 +60,7 @@ from gym_sessions.errors import (
 from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
 from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.routing.forwarder import Forwarder
+from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
 from gym_sessions.routing.request_session import (
@@ -76,6 +77,7 @@ from gym_sessions.routing.session_ids import (
     read_credentials,
     route_path,
 )
+from gym_sessions.routing.session_snapshots import SessionSnapshots
 
 __all__ = [
     "FORWARDED_BY_HEADER",
@@ -213,6 +215,8 @@ class SessionRouter:
         runs_to_completion: Paths whose handler is not cancelled when its client
             disconnects (they change a session's lifetime); every other
             handler, and every forward, is.
+        snapshots: Durable sessions (``--durable-sessions``): snapshots are
+            written before replies, and a dead holder's sessions restored here.
     """
 
     def __init__(
@@ -235,9 +239,11 @@ class SessionRouter:
         worker_ids: Callable[[], Awaitable[list[str]]] | None = None,
         body_budget: BodyBudget | None = None,
         runs_to_completion: Collection[str] = (),
+        snapshots: SessionSnapshots | None = None,
     ) -> None:
         self.app = app
         self.runs_to_completion = frozenset(runs_to_completion)
+        self.snapshots = snapshots
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
         self.worker_ids = worker_ids or _no_workers
         # Requests other workers forwarded here: a worker shutting down waits for them.
@@ -351,8 +357,14 @@ class SessionRouter:
                     if holder is None and routed.source is IdSource.COOKIE:
                         holder = await self._claim_provisionally(routed)
                 if holder is not None and holder != self.claims.worker_id:
-                    await self._forward(holder, scope, body, watch, send, start=routed.starts)
-                    return
+                    forwarded = await self._forward(
+                        holder, scope, body, watch, send, start=routed.starts, restorable=True
+                    )
+                    if forwarded:
+                        return
+                    # The holder refused and has exited: restore its session here.
+                    if not await self._restore(routed, holder, scope, body, watch, send):
+                        return
             elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
         except HTTPError as error:
@@ -491,23 +503,66 @@ class SessionRouter:
         send: Send,
         *,
         start: bool = False,
-    ) -> None:
+        restorable: bool = False,
+    ) -> bool:
+        """Forward to ``holder``; ``False`` (nothing sent) when a durable session may be restored.
+
+        That is: durable sessions are on, ``restorable``, the holder refused
+        the connection (so the request never ran there) and its process has
+        exited (a live but slow worker is never taken over).
+        """
         assert self.forwarder is not None
+        reply_send = send
         if start:
             # The holder may be full (it holds a closed session's claim): its
             # private no-room mark is for workers, never for the client.
-            send = _without_header(send, NO_ROOM_HEADER)
+            reply_send = _without_header(reply_send, NO_ROOM_HEADER)
         if self.worker_header is not None:
-            send = _with_header(send, (FORWARDED_BY_HEADER, self.worker_header[1]))
+            reply_send = _with_header(reply_send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
             # Always cancellable: cancelling the hop closes its connection, and the
             # holder decides for its handler as it would for a client of its own.
-            forward = self.forwarder.forward(
-                holder, scope, body, watch.watching(_marking_forwarded(scope, send))
-            )
+            marked = _marking_forwarded(scope, reply_send)
+            forward = self.forwarder.forward(holder, scope, body, watch.watching(marked))
             await watch.run(forward, cancellable=True)
+        except HolderRefusedError as error:
+            if (
+                restorable
+                and self.snapshots is not None
+                and await self.claims.store.holder_exited(holder)
+            ):
+                return False
+            await self._send_error(scope, reply_send, error)
         except HTTPError as error:
-            await self._send_error(scope, send, error)
+            await self._send_error(scope, reply_send, error)
+        return True
+
+    async def _restore(
+        self,
+        routed: RequestSession,
+        dead_holder: str,
+        scope: Scope,
+        body: bytes,
+        watch: DisconnectWatch,
+        send: Send,
+    ) -> bool:
+        """Take a dead holder's durable session over; ``True``: serve the request here.
+
+        Of the workers racing to restore it, one wins (`SessionSnapshots.restore`);
+        the others forward to the winner. Without a snapshot the request gets
+        410 as without durable sessions.
+        """
+        assert self.snapshots is not None
+        sid = routed.session_id
+        outcome = await self.snapshots.restore(sid, dead_holder)
+        if outcome.restored or sid in self.claims:
+            return True
+        if outcome.holder is not None and outcome.holder != self.claims.worker_id:
+            # Never a second restore from here: a winner that died too is a 410.
+            await self._forward(outcome.holder, scope, body, watch, send, start=routed.starts)
+        else:
+            await self._send_error(scope, send, holder_gone(dead_holder))
+        return False
 
     async def _serve_here(
         self,
@@ -567,6 +622,9 @@ class SessionRouter:
                     await self._send_error(scope, send, error)
                     return
                 held = True
+            if message["type"] == "http.response.start" and self.snapshots is not None:
+                # Before the reply leaves: what the client sees is what a restore gives.
+                await self.snapshots.after_request(sid, held=held)
             if self.worker_header is not None and message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), self.worker_header]
             await send(message)

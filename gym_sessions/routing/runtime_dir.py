@@ -16,7 +16,7 @@ import tempfile
 
 from gym_sessions.errors import StartupError
 
-__all__ = ["RuntimeDirectory"]
+__all__ = ["RuntimeDirectory", "process_exists", "worker_process_exists"]
 
 _MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, with the terminating NUL
 
@@ -35,6 +35,35 @@ def process_exists(pid: int) -> bool:
     return True
 
 
+def worker_process_exists(worker_id: str) -> bool:
+    """Whether the process of worker ``worker_id`` (``<pid>-<hex>``) may still run.
+
+    ``True`` when the id names no pid (in-process test workers): a worker that
+    cannot be shown gone is treated as alive, never taken over.
+    """
+    try:
+        pid = int(worker_id.split("-", 1)[0])
+    except ValueError:
+        return True
+    return process_exists(pid) and not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A process that has exited but is not reaped yet (its parent reaps it within a second).
+
+    A SIGKILLed worker stays a zombie until the supervisor reaps it, and
+    ``kill(pid, 0)`` still succeeds on it; it runs no code and holds no
+    socket. Linux only (``/proc``); elsewhere a zombie counts as alive.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may hold any byte.
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
+
+
 def _too_long(base: str) -> bool:
     return len(os.fsencode(base)) + 60 > _MAX_SOCKET_PATH
 
@@ -47,6 +76,7 @@ class RuntimeDirectory:
         self.claims_dir = os.path.join(path, "claims")
         self.workers_dir = os.path.join(path, "workers")
         self.states_dir = os.path.join(path, "states")
+        self.snapshots_dir = os.path.join(path, "snapshots")
 
     @classmethod
     def create(cls, base: str | None = None) -> RuntimeDirectory:
@@ -71,6 +101,7 @@ class RuntimeDirectory:
         os.mkdir(directory.claims_dir, 0o700)
         os.mkdir(directory.workers_dir, 0o700)
         os.mkdir(directory.states_dir, 0o700)
+        os.mkdir(directory.snapshots_dir, 0o700)
         return directory
 
     @staticmethod
@@ -116,6 +147,15 @@ class RuntimeDirectory:
     def claim_count(self) -> int:
         """How many claims exist (for tests and diagnostics)."""
         return sum(1 for name in os.listdir(self.claims_dir) if not name.startswith("."))
+
+    def snapshot_count(self) -> int:
+        """How many sessions have a snapshot (for tests and diagnostics)."""
+        try:
+            names = os.listdir(self.snapshots_dir)
+        except FileNotFoundError:
+            return 0
+        # A session's snapshot has two slot files (`FileSnapshotStore`).
+        return len({name.rsplit(".", 1)[0] for name in names if not name.startswith(".")})
 
     def mark(self, worker_id: str, state: str, present: bool = True) -> None:
         """Record (or, with ``present=False``, forget) that ``worker_id`` is in ``state``.

@@ -24,6 +24,7 @@ from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import (
     forwarded_headers,
     holder_gone,
+    holder_refused,
     reply_headers,
     request_target,
 )
@@ -123,7 +124,7 @@ class StreamForwarder:
                     f"this worker is short of resources to reach worker {worker_id}: {exc.strerror}"
                 ) from exc
             self._drop_pool(worker_id)
-            raise holder_gone(worker_id) from exc
+            raise holder_refused(worker_id) from exc
         return _Connection(reader, writer), False
 
     def _release(self, worker_id: str, connection: _Connection) -> None:

@@ -13,7 +13,7 @@ from gym_sessions.server.agent import AgentServer
 from gym_sessions.server.app import WorkerApp, create_app
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, integer_list, read_json
-from gym_sessions.server.env_server import GymEnvServer
+from gym_sessions.server.env_server import GymEnvServer, env_capture_method
 from gym_sessions.server.policies import ChatCompletionsPolicy, Policy, ScriptedPolicy, StopEpisode
 from gym_sessions.server.process import ServerProcess, start_server
 from gym_sessions.server.resources import ResourcesServer, session_id
@@ -35,6 +35,7 @@ __all__ = [
     "ToolHandler",
     "WorkerApp",
     "create_app",
+    "env_capture_method",
     "integer_list",
     "read_json",
     "session_id",

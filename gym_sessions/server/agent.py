@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import pickle
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -109,6 +110,12 @@ class AgentServer(SessionServer):
 
     sources: ClassVar[SessionIdSources] = AGENT_SOURCES
     close_paths: ClassVar[tuple[str, ...]] = (AGENT_CLOSE_PATH,)
+    #: With ``--durable-sessions``: an agent session's state (what
+    #: `seed_agent_session` returned) pickles, so it can be restored on another
+    #: worker. A subclass that sets it calls `session_changed` in every route of
+    #: its own that changes the state (seeds and closes do here). Receipts and
+    #: failed seeds are not captured.
+    durable_agent_state: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.agent_sessions: dict[str, Any] = {}
@@ -158,6 +165,23 @@ class AgentServer(SessionServer):
     def extra_routes(self) -> list[BaseRoute]:
         """Routes a subclass adds (they may use `agent_state`)."""
         return []
+
+    # Durable sessions (docs/design.md §3.14) -----------------------------------------
+
+    def durability(self) -> str | None:
+        return "agent session state, pickled" if self.durable_agent_state else None
+
+    def export_session(self, session_id: str) -> bytes | None:
+        if not self.durable_agent_state or session_id not in self.agent_sessions:
+            return None
+        try:
+            return pickle.dumps(self.agent_sessions[session_id])
+        except Exception:
+            return None  # this session's state does not pickle: not durable (logged once)
+
+    def import_session(self, session_id: str, data: bytes) -> None:
+        # Only bytes whose MAC verified reach here (`SnapshotCodec.decode`).
+        self.agent_sessions[session_id] = pickle.loads(data)
 
     def agent_state(self, request: Request) -> Any:
         """The state of the request's agent session, or ``None``.
@@ -299,6 +323,7 @@ class AgentServer(SessionServer):
         self._seed_bodies[sid] = fields
         self.episodes.bind(sid, episode)
         self.claims.mark_open(sid)
+        self.session_changed(sid)
         return True
 
     async def _roll_back(self, sid: str, state: Any) -> None:
@@ -330,6 +355,7 @@ class AgentServer(SessionServer):
 
     async def _close(self, sid: str) -> tuple[dict[str, Any], float]:
         self._seed_bodies.pop(sid, None)
+        self.session_changed(sid)  # its snapshot goes with it
         state = self.agent_sessions.pop(sid, None)
         failed = self._failed.pop(sid, None)
         if failed is not None:

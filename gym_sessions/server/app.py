@@ -54,8 +54,15 @@ from gym_sessions.routing.redis_claims import (
     connect_redis_blocking,
 )
 from gym_sessions.routing.router import SessionRouter
-from gym_sessions.routing.runtime_dir import RuntimeDirectory, process_exists
+from gym_sessions.routing.runtime_dir import RuntimeDirectory, worker_process_exists
 from gym_sessions.routing.session_cookie import SessionCookieMiddleware
+from gym_sessions.routing.session_snapshots import (
+    FileSnapshotStore,
+    RedisSnapshotStore,
+    SessionSnapshots,
+    SnapshotCodec,
+    SnapshotStore,
+)
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
 from gym_sessions.settings import Settings
@@ -74,12 +81,24 @@ _SERVING, _STOPPING = "serving", "stopping"
 SERVER_MARK = "server"
 
 
-def _process_alive(worker_id: str) -> bool:
-    try:
-        pid = int(worker_id.split("-", 1)[0])
-    except ValueError:
-        return True  # not a process's id (in-process test workers): cannot tell
-    return process_exists(pid)
+# No credential reaches a session after this long (cookies and tokens last 14 days).
+_CREDENTIAL_SECONDS = 14 * 24 * 3600.0
+
+
+def _snapshot_lifetime(settings: Settings) -> float:
+    """How long a Redis snapshot lasts after its last write: past it, no restore can need it.
+
+    An open session idles out after ``session_idle_timeout`` (its snapshot
+    then describes a closed session); without one, no cookie or token reaches
+    it after 14 days. Plus the window and margin a claim itself outlives its
+    last request by.
+    """
+    idle = settings.session_idle_timeout or _CREDENTIAL_SECONDS
+    return (
+        min(idle, _CREDENTIAL_SECONDS)
+        + settings.session_close_retry_window_seconds
+        + (EXPIRY_MARGIN_SECONDS)
+    )
 
 
 def new_worker_id() -> str:
@@ -136,6 +155,8 @@ class WorkerApp:
         self.registry: WorkerRegistry | None = None
         self.redis_store: RedisClaimStore | None = None
         store: ClaimStore = LocalClaimStore()
+        # Durable sessions need another worker to restore onto (a routed server).
+        snapshot_store: SnapshotStore | None = None
         endpoints: WorkerEndpoints | None = None
         window = settings.session_close_retry_window_seconds
         if settings.routed and settings.redis_claims:
@@ -152,13 +173,20 @@ class WorkerApp:
                 self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS
             )
             self.forward_signer = ForwardSigner(settings.secret)
+            if settings.durable_sessions:
+                snapshot_store = RedisSnapshotStore(
+                    self.registry.client, settings.claims_timeout, _snapshot_lifetime(settings)
+                )
             endpoints = TcpEndpoints(self.registry, settings.allowed_peer_networks())
             self.forwarder = make_forwarder(endpoints, self.forward_signer)
         elif settings.routed:
             if settings.runtime_dir is None:
                 raise ValueError("a routed worker needs the runtime directory of its server")
             self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
-            store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id)
+            file_snapshots = None
+            if settings.durable_sessions:
+                snapshot_store = file_snapshots = FileSnapshotStore(self.runtime_dir.snapshots_dir)
+            store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id, file_snapshots)
             endpoints = UnixEndpoints(self.runtime_dir)
             self.forwarder = make_forwarder(endpoints)
         # Others may take this worker's claims over once its registration has
@@ -174,6 +202,18 @@ class WorkerApp:
             idle_timeout=settings.session_idle_timeout,
         )
         server.bind(settings, self.claims, self.credentials)
+        self.snapshots: SessionSnapshots | None = None
+        if snapshot_store is not None:
+            self.snapshots = server.snapshots = SessionSnapshots(
+                snapshot_store,
+                self.claims,
+                SnapshotCodec(settings.secret),
+                server.export_session,
+                server.import_session,
+                server.take_changed,
+                settings.max_snapshot_bytes,
+                capturable=server.durability() is not None,
+            )
 
         routes = server.routes()
         self.metrics: WorkerMetrics | None = None
@@ -210,6 +250,7 @@ class WorkerApp:
             worker_ids=endpoints.worker_ids if endpoints is not None else None,
             body_budget=BodyBudget(settings.max_inflight_body_bytes),
             runs_to_completion=server.runs_to_completion_paths,
+            snapshots=self.snapshots,
         )
         # Outermost: /metrics and the request counts, around the routing rule.
         self._entry: ASGIApp = self.router
@@ -300,8 +341,20 @@ class WorkerApp:
         logger.info("worker %s drains: %d open sessions", self.worker_id, self.claims.live_sessions)
 
     async def drained(self) -> None:
-        """Return once this worker holds no open session (polls: sessions end on any path)."""
-        while self.claims.live_sessions > 0:  # noqa: ASYNC110 (closes, expiries, releases: many paths)
+        """Return once this worker holds no open session (polls: sessions end on any path).
+
+        With durable sessions, also once every open session can be handed over
+        (`SessionSnapshots.can_hand_over`): the worker then leaves at once, and
+        each session is restored where its next request lands after it exited.
+        """
+        while self.claims.live_sessions > 0:
+            if self.snapshots is not None and self.snapshots.can_hand_over():
+                logger.info(
+                    "worker %s hands its %d open sessions over (durable)",
+                    self.worker_id,
+                    self.claims.live_sessions,
+                )
+                return
             await asyncio.sleep(0.2)
 
     def leave_server(self) -> None:
@@ -341,7 +394,7 @@ class WorkerApp:
     def _others_still_serving(self) -> bool:
         assert self.coordination is not None
         waiting = self.coordination.workers_in(_SERVING) - self.coordination.workers_in(_STOPPING)
-        return any(_process_alive(worker_id) for worker_id in waiting)
+        return any(worker_process_exists(worker_id) for worker_id in waiting)
 
     async def shutdown(self) -> None:
         """Stop background work and the private listener; release this worker's sessions."""

@@ -22,6 +22,7 @@ from gym_sessions.settings import Settings
 
 if TYPE_CHECKING:
     from gym_sessions.metrics.recorder import WorkerMetrics
+    from gym_sessions.routing.session_snapshots import SessionSnapshots
 
 __all__ = ["SessionServer"]
 
@@ -46,6 +47,8 @@ class SessionServer:
     expired_total: int = 0
     #: This worker's operator metrics (set by the app factory; None with ``--metrics off``).
     operator_metrics: WorkerMetrics | None = None
+    #: This worker's durable sessions (``--durable-sessions``), else ``None``.
+    snapshots: SessionSnapshots | None = None
 
     def bind(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
@@ -54,6 +57,7 @@ class SessionServer:
         self.settings = settings
         self.claims = claims
         self.credentials = credentials
+        self._changed: set[str] = set()
 
     def count_expired(self) -> None:
         """Count a session this worker closed because it idled out (``/health``, ``/metrics``)."""
@@ -106,6 +110,40 @@ class SessionServer:
     def release_all(self) -> None:
         """Drop every session's state (the worker is shutting down)."""
 
+    # Durable sessions (docs/design.md §3.14) -------------------------------------------
+
+    def export_session(self, session_id: str) -> bytes | None:
+        """The session's state as bytes for its snapshot, or ``None``: it is not durable.
+
+        Called after a request that changed the session (`session_changed`),
+        before its reply. Whatever it returns, `import_session` must rebuild
+        on another worker of the same server.
+        """
+        return None
+
+    def import_session(self, session_id: str, data: bytes) -> None:
+        """Rebuild ``session_id`` here from `export_session`'s bytes (its holder died)."""
+        raise NotImplementedError(f"{type(self).__name__} does not restore sessions")
+
+    def durability(self) -> str | None:
+        """How this server's sessions are captured, or ``None`` if they cannot be.
+
+        The supervisor logs one warning at start-up when durable sessions were
+        asked for and this is ``None``.
+        """
+        return None
+
+    def session_changed(self, session_id: str) -> None:
+        """A request changed the session's state: its snapshot is written before the reply."""
+        self._changed.add(session_id)
+
+    def take_changed(self, session_id: str) -> bool:
+        """Whether the session changed since the last call (and forget that it did)."""
+        if session_id in self._changed:
+            self._changed.discard(session_id)
+            return True
+        return False
+
     async def _health(self, request: Request) -> JSONResponse:
         return JSONResponse(
             {
@@ -115,6 +153,11 @@ class SessionServer:
                 "max_sessions": self.claims.max_sessions or None,
                 "expired_sessions": self.expired_total,
                 "draining": not self.claims.accepting_sessions,
+                **(
+                    {}
+                    if self.snapshots is None
+                    else {"restored_sessions": self.snapshots.restored_total}
+                ),
                 **self.metrics(),
             }
         )

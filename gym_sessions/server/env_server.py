@@ -8,15 +8,23 @@ makes the session's env with that mode), ``/step`` is the tool call,
 (`gym_sessions.frames`), ``/verify`` scores the episode (the env's own
 ``verify()`` when it has one, else the episode return) and ``/close_session``
 calls ``env.close()`` once.
+
+With durable sessions a session is captured (`env_capture_method`) by the
+env's own ``get_state()`` / ``set_state(state)`` when the env the factory
+returns defines both, else by pickling the env (wrappers and ``np_random``
+included), together with the episode's bookkeeping (docs/design.md §3.14.1).
 """
 
 from __future__ import annotations
 
+import logging
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
+from gymnasium.utils import seeding
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -39,7 +47,13 @@ from gym_sessions.spaces import (
 )
 from gym_sessions.spaces.values import to_jsonable
 
-__all__ = ["GymEnvServer", "to_jsonable"]
+__all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
+
+logger = logging.getLogger("gym_sessions.server")
+
+CaptureMethod = Literal["get_state", "pickle"]
+# Bumped when the snapshot payload of an env session changes shape.
+_SNAPSHOT_VERSION = 1
 
 EnvFactory = Callable[..., gym.Env]
 _MAX_SEED = 2**64
@@ -60,6 +74,51 @@ class _ServedEnv:
     episode_return: float = 0.0
     episode_length: int = 0
     observation: Any = None  # the latest observation, as JSON
+
+
+def _defines_state_protocol(env: gym.Env) -> bool:
+    return callable(getattr(type(env), "get_state", None)) and callable(
+        getattr(type(env), "set_state", None)
+    )
+
+
+def env_capture_method(env: gym.Env) -> CaptureMethod | None:
+    """How a session of ``env`` would be captured for durable sessions, or ``None`` if it cannot.
+
+    ``"get_state"``: the env (the object the factory returns, not an inner one
+    behind wrappers) defines ``get_state() -> bytes`` and ``set_state(bytes)``.
+    ``"pickle"``: ``pickle`` round-trips it. Check an env with::
+
+        python -c "import gymnasium as gym; from gym_sessions.server import env_capture_method; \
+                   print(env_capture_method(gym.make('CartPole-v1')))"
+    """
+    if _defines_state_protocol(env):
+        return "get_state"
+    try:
+        pickle.loads(pickle.dumps(env))
+    except Exception:
+        return None
+    return "pickle"
+
+
+def _rng_state(env: gym.Env) -> Any:
+    # Gymnasium's Env keeps its generator in `_np_random` (None until first used).
+    rng = getattr(env.unwrapped, "_np_random", None)
+    if rng is None:
+        return None
+    return {
+        "bit_generator": rng.bit_generator.state,
+        "seed": getattr(env.unwrapped, "_np_random_seed", None),
+    }
+
+
+def _set_rng_state(env: gym.Env, state: Any) -> None:
+    if state is None:
+        return
+    rng, _ = seeding.np_random(0)  # the generator type Gymnasium uses, then its state
+    rng.bit_generator.state = state["bit_generator"]
+    env.unwrapped._np_random = rng
+    env.unwrapped._np_random_seed = state["seed"]
 
 
 def _call_env(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -107,6 +166,65 @@ class GymEnvServer(ResourcesServer):
             }
         )
         self._sessions: dict[str, _ServedEnv] = {}
+
+    def durability(self) -> str | None:
+        probe = self.env_factory()
+        try:
+            method = env_capture_method(probe)
+        finally:
+            probe.close()
+        return None if method is None else f"{self.name}: captured by {method}"
+
+    def export_session(self, session_id: str) -> bytes | None:
+        state = self._sessions.get(session_id)
+        if state is None:
+            return None
+        payload: dict[str, Any] = {
+            "version": _SNAPSHOT_VERSION,
+            "render_mode": state.render_mode,
+            "episode_open": state.episode_open,
+            "episode_return": state.episode_return,
+            "episode_length": state.episode_length,
+            "observation": state.observation,
+        }
+        if _defines_state_protocol(state.env):
+            env_state = state.env.get_state()  # type: ignore[attr-defined]
+            if not isinstance(env_state, bytes):
+                raise TypeError(f"get_state() returned {type(env_state).__name__}, not bytes")
+            payload["env_state"] = env_state
+            payload["rng"] = _rng_state(state.env)
+        else:
+            try:
+                payload["env"] = pickle.dumps(state.env)
+            except Exception as exc:
+                logger.debug("session %r: its env does not pickle: %r", session_id, exc)
+                return None
+        return pickle.dumps(payload)
+
+    def import_session(self, session_id: str, data: bytes) -> None:
+        # Only bytes whose MAC verified reach here (`SnapshotCodec.decode`).
+        payload = pickle.loads(data)
+        if payload.get("version") != _SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {payload.get('version')!r} is not supported")
+        render_mode = payload["render_mode"]
+        if "env_state" in payload:
+            env = self._new_env(render_mode)
+            env.set_state(payload["env_state"])  # type: ignore[attr-defined]
+            _set_rng_state(env, payload["rng"])
+        else:
+            env = pickle.loads(payload["env"])
+        stale = self._sessions.pop(session_id, None)
+        if stale is not None:
+            # Left by a request this worker served without the claim: never two envs.
+            stale.env.close()
+        self._sessions[session_id] = _ServedEnv(
+            env,
+            render_mode,
+            episode_open=payload["episode_open"],
+            episode_return=payload["episode_return"],
+            episode_length=payload["episode_length"],
+            observation=payload["observation"],
+        )
 
     def metrics(self) -> dict[str, Any]:
         return {"sessions": len(self._sessions)}
@@ -168,6 +286,7 @@ class GymEnvServer(ResourcesServer):
         if seed is not None and not 0 <= seed < _MAX_SEED:
             raise InvalidRequestError("seed must be an integer in [0, 2**64)")
         render_mode = body.get("render_mode")
+        self.session_changed(session_id)
         state = self._sessions.get(session_id)
         if state is None:
             state = _ServedEnv(self._new_env(render_mode), render_mode)
@@ -206,6 +325,8 @@ class GymEnvServer(ResourcesServer):
             raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
         if not self.action_space.contains(action):
             raise InvalidRequestError(f"action {body['action']!r} is outside the action space")
+        # Before the step: a step that raises may still have changed the env.
+        self.session_changed(session_id(request))
         observation, reward, terminated, truncated, info = _call_env("step", state.env.step, action)
         reward = float(reward)
         state.episode_return += reward
@@ -235,6 +356,7 @@ class GymEnvServer(ResourcesServer):
         return {"reward": float(result), **summary}
 
     def release_session(self, session_id: str) -> None:
+        self.session_changed(session_id)
         state = self._sessions.get(session_id)
         if state is not None:
             state.env.close()

@@ -332,10 +332,16 @@ class ResourcesServer(SessionServer):
         self.episodes.forget(sid)
         self.release_session(sid)
 
+    def _forget_snapshot(self, sid: str) -> None:
+        # A closed or expired session must never come back from its snapshot.
+        if self.snapshots is not None:
+            self.snapshots.forget(sid)
+
     def _expire_idle(self, sid: str) -> None:
         """An open session idled out: close it as its client would have (410 from now on)."""
         self._starts.pop(sid, None)
         self.claims.mark_not_open(sid)
+        self._forget_snapshot(sid)
         if self.closed.add(sid, expired=True):
             self.count_expired()
             self.release_session(sid)
@@ -348,6 +354,7 @@ class ResourcesServer(SessionServer):
         """
         self._starts.pop(sid, None)
         self.claims.mark_not_open(sid)
+        self._forget_snapshot(sid)
         if not self.closed.add(sid) and sid not in self._unreleased:
             return "already_closed"
         try:

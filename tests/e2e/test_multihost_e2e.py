@@ -34,6 +34,7 @@ from tests.services import (
 )
 
 from ..conftest import require_or_skip
+from .durable_player import LOST, DurablePlayer
 from .subprocesses import run_module
 
 pytestmark = pytest.mark.e2e
@@ -468,3 +469,47 @@ def test_claims_deleted_under_load_never_split_a_session(deploy):
     # Never a second env: no session was ever unknown or gone to its client.
     codes = {code for e in played for code in e.error_codes}
     assert not codes & {"no_open_episode", "session_gone", "session_conflict"}, codes
+
+
+def test_killing_one_host_its_durable_sessions_continue_on_the_other(deploy):
+    d = deploy("--durable-sessions")
+    episodes = make_episodes(80, seed=17)
+
+    async def scenario() -> tuple[DurablePlayer, dict[str, str | None], dict[str, int]]:
+        async with client_session() as client:
+            player = DurablePlayer(client, d.url)
+            cookies = await asyncio.gather(*[player.start(e) for e in episodes])
+            owners = {e.session_id: d.holder(e.session_id) for e in episodes}
+            host_of = {owner: d.host_of(owner) for owner in set(owners.values()) if owner}
+            total = sum(len(e.increments) for e in episodes)
+
+            async def kill_host_zero() -> None:
+                while player.steps_done < total // 3:  # noqa: ASYNC110 (a count, not an event)
+                    await asyncio.sleep(0.005)
+                # The whole host at once: its supervisor first (it would start
+                # replacements), then its workers before they see it gone.
+                workers = d.hosts[0].worker_pids()
+                d.hosts[0].process.kill()
+                for pid in workers:
+                    os.kill(pid, signal.SIGKILL)
+                player.killed = True
+
+            await asyncio.gather(
+                kill_host_zero(),
+                *[player.finish(e, c) for e, c in zip(episodes, cookies, strict=True)],
+            )
+            return player, owners, host_of
+
+    player, owners, host_of = asyncio.run(scenario())
+    assert [e.reward for e in episodes].count(1.0) == len(episodes)
+    # The dead host's open sessions scored 1.0 above, so they were restored on
+    # the other host; their claims are held there (or already ended there:
+    # a closed session's claim ends a --window of 2 s after its close).
+    moved = [s for s in player.open_at_kill if host_of[owners[s] or ""] == 0]
+    assert moved
+    live = set(d.hosts[1].worker_pids())
+    holders = [d.holder(sid) for sid in moved]
+    assert all(h is None or int(h.split("-")[0]) in live for h in holders), holders
+    # At most the one request each episode had in flight at the kill failed.
+    for failures in player.failures.values():
+        assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures

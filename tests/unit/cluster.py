@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -54,6 +56,13 @@ def holder_of(claim_value: str | None) -> str | None:
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def dead_worker_id() -> str:
+    """A worker id whose pid is a process that has exited (a real one, reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return f"{child.pid}-{os.urandom(4).hex()}"
 
 
 def honest_key(session_id: str) -> str:
@@ -122,6 +131,20 @@ class Worker:
             await self.client.close()
         await self.listener.stop()
         await self.app.shutdown()
+
+    async def kill(self) -> None:
+        """Stop answering at once, as a SIGKILLed worker does: no shutdown, no release.
+
+        Its listeners go (its private socket refuses) and its background work
+        stops; its memory stays, unreachable, as a dead process's would.
+        Give the worker a dead process's pid in its id (`dead_worker_id`) so
+        other workers can tell it exited.
+        """
+        for task in self.app._background:
+            task.cancel()
+        assert self.app._listener is not None
+        await self.app._listener.stop()
+        await self.listener.stop()
 
     async def request(
         self,
@@ -260,9 +283,13 @@ async def start_cluster(
     *,
     routed: bool = True,
     clock: FakeClock | None = None,
+    worker_ids: list[str] | None = None,
     **settings_kw: Any,
 ) -> Cluster:
-    """Start ``n`` workers, each serving a fresh ``make_server()``, on ``clock`` if given."""
+    """Start ``n`` workers, each serving a fresh ``make_server()``, on ``clock`` if given.
+
+    ``worker_ids``: the workers' ids (default: ids naming no process).
+    """
     # In-process workers stop together at teardown, when nobody is left to
     # forward to them: waiting for forwarded requests to go quiet (half a
     # second each time) protects nothing here. tests/e2e/test_operations.py
@@ -276,7 +303,8 @@ async def start_cluster(
     workers = []
     for index in range(n):
         server: ResourcesServer = make_server()
-        app = WorkerApp(server, settings, worker_id=f"w{index}-{os.urandom(3).hex()}")
+        worker_id = worker_ids[index] if worker_ids else f"w{index}-{os.urandom(3).hex()}"
+        app = WorkerApp(server, settings, worker_id=worker_id)
         if clock is not None:
             _use_clock(app, clock)
         worker = Worker(app, os.path.join(base, f"public-{index}-{os.urandom(3).hex()}.sock"))

@@ -48,7 +48,7 @@ WINDOW = 30.0
 ME = "w-me"
 S = ClaimState
 E = ClaimEvent
-HELD_STATES = [S.CLAIMED, S.OPEN, S.RECORD, S.CLOSED, S.RELEASING]
+HELD_STATES = [S.CLAIMED, S.OPEN, S.RECORD, S.CLOSED, S.RELEASING, S.RESTORING]
 
 
 class ExpiringStore:
@@ -101,6 +101,10 @@ def owned(store=None, clock=None, **options) -> OwnedClaims:
 
 async def reach(claims: OwnedClaims, sid: str, state: ClaimState) -> None:
     """Bring ``sid``'s claim to ``state`` by the public calls (RELEASING keeps one request in)."""
+    if state is S.RESTORING:  # a takeover (durable sessions), not a claim
+        assert await claims.take_over(sid, "w-dead") is None
+        assert claims.state(sid) is state
+        return
     assert await claims.claim(sid) is None
     if state is S.OPEN:
         claims.mark_open(sid)
@@ -167,9 +171,20 @@ def test_the_undefined_transitions_are_the_ones_no_caller_makes():
     # What is left out on purpose: a window never ends an open claim, only a live
     # session idles out, and only a releasing claim ends with its last request.
     assert sorted((s.name, e.name) for s, e in UNDEFINED) == sorted(
-        [(s.name, E.WINDOW_PASSED.name) for s in (S.OPEN, S.RECORD)]
+        [(s.name, E.WINDOW_PASSED.name) for s in (S.OPEN, S.RECORD, S.RESTORING)]
         + [(s.name, E.IDLE_TIMEOUT.name) for s in HELD_STATES if s is not S.OPEN]
         + [(s.name, E.LAST_REQUEST_LEFT.name) for s in HELD_STATES if s is not S.RELEASING]
+        # Only a restore ends RESTORING: it is synchronous, no request or mark comes in between.
+        + [
+            (S.RESTORING.name, e.name)
+            for e in (E.MARK_OPEN_LIVE, E.MARK_OPEN_RECORD, E.MARK_NOT_OPEN)
+        ]
+        + [
+            (s.name, e.name)
+            for s in HELD_STATES
+            if s is not S.RESTORING
+            for e in (E.RESTORED, E.RESTORE_FAILED)
+        ]
     )
 
 

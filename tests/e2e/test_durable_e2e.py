@@ -1,0 +1,218 @@
+"""Durable sessions with real ``gym-sessions serve --workers 4 --durable-sessions`` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from envs.counter_load import claim_owner, client_session, make_episodes
+from gym_sessions.routing.runtime_dir import RuntimeDirectory
+
+from .durable_player import LOST, DurablePlayer
+
+pytestmark = pytest.mark.e2e
+
+COUNTER = "envs.counter:CounterEnv"
+EPISODES = 200
+
+
+def test_sigkilled_worker_mid_episodes_loses_no_durable_session(serve):
+    server = serve(COUNTER, "--durable-sessions", workers=4)
+    (runtime_dir,) = server.runtime_dirs()
+    episodes = make_episodes(EPISODES, seed=16)
+
+    async def scenario() -> tuple[DurablePlayer, dict[str, str | None], str]:
+        async with client_session() as client:
+            player = DurablePlayer(client, server.url)
+            cookies = await asyncio.gather(*[player.start(e) for e in episodes])
+            owners = {e.session_id: claim_owner(runtime_dir, e.session_id) for e in episodes}
+            victim = max(set(owners.values()), key=list(owners.values()).count)
+            assert victim is not None
+            total = sum(len(e.increments) for e in episodes)
+
+            async def kill_midway() -> None:
+                while player.steps_done < total // 3:  # noqa: ASYNC110 (a count, not an event)
+                    await asyncio.sleep(0.005)
+                os.kill(int(victim.split("-")[0]), signal.SIGKILL)
+                player.killed = True
+
+            await asyncio.gather(
+                kill_midway(),
+                *[player.finish(e, c) for e, c in zip(episodes, cookies, strict=True)],
+            )
+            return player, owners, victim
+
+    player, owners, victim = asyncio.run(scenario())
+    assert [e.reward for e in episodes].count(1.0) == EPISODES
+    assert any(owner == victim for owner in owners.values())
+    # Failures only where a request was in flight on the victim at the kill
+    # (each episode has one request at a time): at most one per episode, and
+    # only a reset connection or 502/410 (the hop broke mid-request).
+    for failures in player.failures.values():
+        assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
+    # The victim's sessions open at the kill were taken over (their claims,
+    # kept a window after the close, name the worker that restored them).
+    taken_over = {s for s in player.open_at_kill if owners[s] == victim}
+    assert taken_over
+    assert not [s for s in taken_over if claim_owner(runtime_dir, s) in (victim, None)]
+    # Every session is closed: its snapshot went with it.
+    assert RuntimeDirectory(runtime_dir).snapshot_count() == 0
+    assert server.stop() == 0
+
+
+def test_a_draining_worker_hands_its_open_durable_sessions_over_at_once(serve):
+    # SIGTTOU drains one worker. Without durability it serves its open sessions
+    # until they close (or --drain-timeout); with it, it leaves as soon as each
+    # has its snapshot, and the sessions continue on the other workers.
+    server = serve(COUNTER, "--durable-sessions", workers=4)
+    episodes = make_episodes(80, seed=18)
+
+    async def scenario() -> tuple[DurablePlayer, float | None]:
+        async with client_session() as client:
+            player = DurablePlayer(client, server.url)
+            before = set(server.worker_pids())
+            cookies = await asyncio.gather(*[player.start(e) for e in episodes])
+            server.process.send_signal(signal.SIGTTOU)
+            drained_after: float | None = None
+            started = time.monotonic()
+
+            async def watch() -> None:
+                nonlocal drained_after
+                while drained_after is None and time.monotonic() - started < 30:
+                    if len(before & set(server.worker_pids())) == 3:
+                        drained_after = time.monotonic() - started
+                    await asyncio.sleep(0.05)
+
+            async def finish_slowly(e, cookie) -> None:
+                await asyncio.sleep(1.0)  # sessions stay open well past the drain
+                await player.finish(e, cookie)
+
+            await asyncio.gather(
+                watch(), *[finish_slowly(e, c) for e, c in zip(episodes, cookies, strict=True)]
+            )
+            return player, drained_after
+
+    player, drained_after = asyncio.run(scenario())
+    assert [e.reward for e in episodes].count(1.0) == len(episodes)
+    # The drained worker left within seconds, its sessions still open then.
+    assert drained_after is not None and drained_after < 10, drained_after
+    for failures in player.failures.values():
+        assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
+    print(f"\ndrained worker gone after {drained_after:.1f} s; failures {player.failures}")
+
+
+def test_a_reload_hands_open_durable_sessions_to_the_new_workers(serve):
+    # SIGHUP: once the new generation serves, the old workers drain; with
+    # durable sessions they leave at once and their open sessions continue
+    # on the new workers (the same target, imported afresh).
+    server = serve(COUNTER, "--durable-sessions", workers=2)
+    episodes = make_episodes(40, seed=19)
+
+    async def scenario() -> tuple[DurablePlayer, set[int], float | None]:
+        async with client_session() as client:
+            player = DurablePlayer(client, server.url)
+            old = set(server.worker_pids())
+            cookies = await asyncio.gather(*[player.start(e) for e in episodes])
+            server.process.send_signal(signal.SIGHUP)
+            started = time.monotonic()
+            gone_after: float | None = None
+
+            async def watch() -> None:
+                nonlocal gone_after
+                while gone_after is None and time.monotonic() - started < 60:
+                    if not old & set(server.worker_pids()):
+                        gone_after = time.monotonic() - started
+                    await asyncio.sleep(0.05)
+
+            async def finish_slowly(e, cookie) -> None:
+                for _ in range(100):  # until the reload is under way
+                    if gone_after is not None:
+                        break
+                    await asyncio.sleep(0.1)
+                await player.finish(e, cookie)
+
+            await asyncio.gather(
+                watch(), *[finish_slowly(e, c) for e, c in zip(episodes, cookies, strict=True)]
+            )
+            return player, old, gone_after
+
+    player, old, gone_after = asyncio.run(scenario())
+    assert gone_after is not None  # the old generation left with its sessions open
+    assert [e.reward for e in episodes].count(1.0) == len(episodes)
+    assert not old & set(server.worker_pids()) and len(server.worker_pids()) == 2
+    for failures in player.failures.values():
+        assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
+    print(f"\nold workers gone {gone_after:.1f} s after SIGHUP; failures {player.failures}")
+
+
+def _kill_holder_of(runtime_dir: str, session_id: str) -> str:
+    holder = claim_owner(runtime_dir, session_id)
+    assert holder is not None
+    os.kill(int(holder.split("-")[0]), signal.SIGKILL)
+    time.sleep(0.3)  # reaped by the supervisor: its socket refuses
+    return holder
+
+
+def _post(url: str, path: str, body: dict, cookie: str | None = None) -> tuple[int, dict, str]:
+    request = urllib.request.Request(
+        url + path,
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", **({"Cookie": cookie} if cookie else {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            set_cookie = reply.headers.get("set-cookie") or ""
+            return reply.status, json.loads(reply.read()), set_cookie.split(";", 1)[0]
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), ""
+
+
+def test_a_seeded_cartpole_episode_restored_midway_matches_an_uninterrupted_run(serve):
+    server = serve("CartPole-v1", "--durable-sessions", workers=4)
+    (runtime_dir,) = server.runtime_dirs()
+
+    def episode(kill_at: int | None) -> list[list[float]]:
+        sid = uuid.uuid4().hex
+        status, data, cookie = _post(
+            server.url, "/reset", {"resources_session_id": sid, "seed": 123}
+        )
+        assert status == 200, data
+        observations = [data["observation"]]
+        for index in range(200):
+            if index == kill_at:
+                _kill_holder_of(runtime_dir, sid)
+            status, data, _ = _post(server.url, "/step", {"action": index % 2}, cookie)
+            assert status == 200, data  # the step after the kill too: restored, no error
+            observations.append(data["observation"])
+            if data["terminated"] or data["truncated"]:
+                break
+        # The env's RNG came along: an unseeded reset draws the same start.
+        status, data, _ = _post(server.url, "/reset", {}, cookie)
+        observations.append(data["observation"])
+        return observations
+
+    uninterrupted = episode(None)
+    assert len(uninterrupted) > 8
+    assert episode(5) == uninterrupted
+
+
+def test_an_env_that_cannot_be_captured_still_gets_410(serve):
+    server = serve("tests.e2e.uncapturable_env:LockedCounterEnv", "--durable-sessions", workers=2)
+    assert "sessions cannot be captured" in server.log()  # said once, at start-up
+    (runtime_dir,) = server.runtime_dirs()
+    sid = uuid.uuid4().hex
+    status, _, cookie = _post(server.url, "/reset", {"resources_session_id": sid})
+    assert status == 200
+    assert _post(server.url, "/step", {"action": 1}, cookie)[0] == 200
+    assert RuntimeDirectory(runtime_dir).snapshot_count() == 0
+    _kill_holder_of(runtime_dir, sid)
+    status, data, _ = _post(server.url, "/step", {"action": 1}, cookie)
+    assert status == 410 and data["error"]["code"] == "session_gone"
