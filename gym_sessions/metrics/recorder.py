@@ -11,6 +11,9 @@ The families (README "Metrics" lists them for operators), all labelled
 - ``gym_sessions_expired_sessions_total``: sessions closed for idling;
 - ``gym_sessions_tool_call_seconds{tool, via}``: histogram of tool handler
   time (``/step``, MCP ``tools/call``) on the holding worker;
+- ``gym_sessions_snapshots_written_total``, ``gym_sessions_restored_sessions_total``:
+  durable sessions' snapshots written and sessions restored from one
+  (``--durable-sessions``);
 - ``gym_sessions_open_sessions``, ``gym_sessions_claims``: gauges, live
   workers only;
 - ``gym_sessions_worker_info{pid}``: 1 per live worker.
@@ -180,6 +183,18 @@ class WorkerMetrics:
             ["worker"],
             registry=registry,
         )
+        snapshots_written = Counter(
+            "gym_sessions_snapshots_written",
+            "Snapshots of durable sessions written (--durable-sessions), by writing worker.",
+            ["worker"],
+            registry=registry,
+        )
+        restored = Counter(
+            "gym_sessions_restored_sessions",
+            "Durable sessions a worker restored from their snapshot after their holder died.",
+            ["worker"],
+            registry=registry,
+        )
         self._tool_seconds = Histogram(
             "gym_sessions_tool_call_seconds",
             "Time of tool calls (env step and observe) in their handler, on the holding "
@@ -219,6 +234,8 @@ class WorkerMetrics:
         self._served = {s: worker_requests.labels(worker_id, s.value) for s in Served}
         self._refusals = {s: refusals.labels(worker_id, str(s)) for s in _REFUSAL_STATUSES}
         self._expired = expired.labels(worker_id)
+        self._snapshots_written = snapshots_written.labels(worker_id)
+        self._restored = restored.labels(worker_id)
         self._open_sessions = open_sessions.labels(worker_id)
         self._claims = claims.labels(worker_id)
         self._request_children: dict[tuple[str, str], Any] = {}
@@ -259,6 +276,14 @@ class WorkerMetrics:
     def session_expired(self) -> None:
         """Count a session closed for idling."""
         self._expired.inc()
+
+    def snapshot_written(self) -> None:
+        """Count a durable session's snapshot written here."""
+        self._snapshots_written.inc()
+
+    def session_restored(self) -> None:
+        """Count a durable session restored here from its snapshot."""
+        self._restored.inc()
 
     def counts(self, claims: int, open_sessions: int) -> None:
         """This worker now holds ``claims`` claims, ``open_sessions`` of them live."""

@@ -311,6 +311,10 @@ class RestoreOutcome:
     holder: str | None = None
 
 
+def _nothing() -> None:
+    pass
+
+
 class SessionSnapshots:
     """One worker's durable sessions: writes their snapshots and restores dead holders' ones.
 
@@ -356,6 +360,10 @@ class SessionSnapshots:
         # Sessions whose snapshot holds their state as of their last reply.
         self._current: set[str] = set()
         self.restored_total = 0
+        #: Told of each snapshot written and each session restored here (the
+        #: operator metrics); no-ops until the app connects them.
+        self.on_saved: Callable[[], None] = _nothing
+        self.on_restored: Callable[[], None] = _nothing
 
     async def after_request(self, session_id: str, *, held: bool) -> None:
         """A request's reply is about to start: write the snapshot if the request changed it.
@@ -396,6 +404,7 @@ class SessionSnapshots:
             await self.store.save(session_id, data, seq)
             self._next_seq[session_id] = seq + 1
             self._current.add(session_id)
+            self.on_saved()
         except Exception:
             # A stale snapshot would restore a state the client never saw last:
             # better none (410 if the worker dies) than that. The reply goes on.
@@ -476,5 +485,6 @@ class SessionSnapshots:
         self._next_seq[session_id] = snapshot.seq + 1
         self._current.add(session_id)
         self.restored_total += 1
+        self.on_restored()
         logger.info("session %r restored here from the snapshot of %s", session_id, dead_holder)
         return RestoreOutcome(True)

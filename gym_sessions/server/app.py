@@ -275,6 +275,9 @@ class WorkerApp:
         server.operator_metrics = metrics
         claims = self.claims
         claims.on_count_change(lambda: metrics.counts(len(claims), claims.live_sessions))
+        if self.snapshots is not None:
+            self.snapshots.on_saved = metrics.snapshot_written
+            self.snapshots.on_restored = metrics.session_restored
         return metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from envs.counter_load import claim_owner, client_session, make_episodes
+from gym_sessions.metrics.status import parse_samples
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 
 from .durable_player import LOST, DurablePlayer
@@ -65,6 +66,16 @@ def test_sigkilled_worker_mid_episodes_loses_no_durable_session(serve):
     assert not [s for s in taken_over if claim_owner(runtime_dir, s) in (victim, None)]
     # Every session is closed: its snapshot went with it.
     assert RuntimeDirectory(runtime_dir).snapshot_count() == 0
+    # /metrics counts each of them restored exactly once, and the snapshots
+    # written (the killed worker's included: its counters outlive it).
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as reply:
+        page = parse_samples(reply.read().decode())
+    totals = {
+        name: sum(s.value for s in page if s.name == name)
+        for name in ("gym_sessions_restored_sessions_total", "gym_sessions_snapshots_written_total")
+    }
+    assert totals["gym_sessions_restored_sessions_total"] == len(taken_over)
+    assert totals["gym_sessions_snapshots_written_total"] >= EPISODES
     assert server.stop() == 0
 
 
