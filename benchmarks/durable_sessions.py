@@ -17,6 +17,13 @@ refused hop, the takeover, reading and verifying the snapshot, the rebuild and
 the step. It is compared with a plain forwarded step of the same server.
 
     .venv/bin/python benchmarks/durable_sessions.py [--rounds 20] [--batch 100] [--kills 5]
+    .venv/bin/python benchmarks/durable_sessions.py --claims redis   # needs redis-server
+
+With ``--claims redis`` every server keeps its claims (and durable ones their
+snapshots) in one real ``redis-server`` on loopback, as several hosts would;
+a restore then waits for the dead worker's registration to lapse (about 12 s),
+so the restore figure is that wait plus the takeover, and ``--kills`` defaults
+to 2.
 
 Prints Markdown tables; writes durable_sessions.json into --out DIR (default
 benchmarks/results/local/, untracked).
@@ -36,6 +43,7 @@ import _common
 from _common import RawConnection, markdown_table, median_ratio, percentile, session_cookie
 
 from gym_sessions.server.process import ServerProcess, start_server
+from tests.services import run_redis, wait_for_registrations
 
 ENVS = {"counter": "envs.counter:CounterEnv", "cartpole": "CartPole-v1"}
 WORKER_COUNTS = (1, 4)
@@ -114,19 +122,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch", type=int, default=100, help="steps per server per round")
     parser.add_argument("--warmup", type=int, default=100, help="unrecorded steps per server")
-    parser.add_argument("--kills", type=int, default=5, help="restores timed per env")
+    parser.add_argument("--kills", type=int, default=None, help="restores timed per env")
+    parser.add_argument("--claims", choices=("file", "redis"), default="file")
     args = _common.parse_args(parser)
+    kills = args.kills if args.kills is not None else (2 if args.claims == "redis" else 5)
+    if args.claims == "redis":
+        _common.needs("redis-server", "redis-server", "durable_sessions")
     print(_common.load_note())
     machine = _common.machine()
 
     keys = [(env, w, d) for env in ENVS for w in WORKER_COUNTS for d in (False, True)]
     with contextlib.ExitStack() as stack:
+        claims: tuple[str, ...] = ()
+        secret = None
+        if args.claims == "redis":
+            redis_url = stack.enter_context(run_redis()).url
+            claims, secret = ("--claims", redis_url), "durable-bench-" + "s" * 32
         servers: dict[tuple[str, int, bool], ServerProcess] = {}
         sessions: dict[tuple[str, int, bool], SteppedSession] = {}
+        registered = 0
         for key in keys:
             env, workers, durable = key
             flags = ("--durable-sessions",) if durable else ()
-            server = stack.enter_context(start_server(ENVS[env], *flags, workers=workers))
+            server = stack.enter_context(
+                start_server(ENVS[env], *flags, *claims, workers=workers, secret=secret)
+            )
+            if claims:  # with Redis, ready means every worker registered
+                registered += workers
+                wait_for_registrations(claims[1], registered)
             servers[key] = server
             sessions[key] = SteppedSession(server, env)
             stack.callback(sessions[key].connection.close)
@@ -175,8 +198,8 @@ def main() -> None:
                     ]
                 )
         print(
-            f"\n/step, one kept-alive connection, local; {args.rounds} interleaved rounds of "
-            f"{args.batch} steps per server"
+            f"\n/step, one kept-alive connection, local, {args.claims} claims; {args.rounds} "
+            f"interleaved rounds of {args.batch} steps per server"
         )
         print(
             markdown_table(
@@ -186,8 +209,11 @@ def main() -> None:
         )
         restores = {}
         for env in ENVS:
-            restores[env] = _restore_latencies(servers[env, 4, True], env, args.kills)
-        print(f"\nFirst request after SIGKILL of the holder (4 workers, {args.kills} kills each)")
+            restores[env] = _restore_latencies(servers[env, 4, True], env, kills)
+        print(
+            f"\nFirst request after SIGKILL of the holder (4 workers, {kills} kills each, "
+            f"{args.claims} claims)"
+        )
         print(
             markdown_table(
                 ["env", "restore p50 (ms)", "forwarded step p50 (ms)"],
@@ -197,10 +223,12 @@ def main() -> None:
                 ],
             )
         )
+    name = "durable_sessions" if args.claims == "file" else "durable_sessions_redis"
     path = _common.write_json(
-        "durable_sessions",
+        name,
         {
             "machine": machine,
+            "claims": args.claims,
             "rounds": args.rounds,
             "batch": args.batch,
             "steps": results,

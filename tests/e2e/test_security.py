@@ -492,6 +492,8 @@ async def test_claim_files_are_sha256_names_and_nothing_else_is_written(
             ),
             # prometheus_client's multiprocess files, named by kind and worker pid.
             f"{runtime_name}/metrics",
+            # Durable sessions' snapshots (none: this server is not durable).
+            f"{runtime_name}/snapshots",
         ]
     )
     worker_pids = {w.split("-", 1)[0] for w in worker_ids}
