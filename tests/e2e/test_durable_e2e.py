@@ -66,15 +66,18 @@ def test_sigkilled_worker_mid_episodes_loses_no_durable_session(serve):
     assert not [s for s in taken_over if claim_owner(runtime_dir, s) in (victim, None)]
     # Every session is closed: its snapshot went with it.
     assert RuntimeDirectory(runtime_dir).snapshot_count() == 0
-    # /metrics counts each of them restored exactly once, and the snapshots
-    # written (the killed worker's included: its counters outlive it).
+    # /metrics counts the restores: each session open at the kill at least,
+    # at most every session the victim held (one whose close was in flight at
+    # the kill is restored for its resent close), and the snapshots written
+    # (the killed worker's included: its counters outlive it).
     with urllib.request.urlopen(server.url + "/metrics", timeout=10) as reply:
         page = parse_samples(reply.read().decode())
     totals = {
         name: sum(s.value for s in page if s.name == name)
         for name in ("gym_sessions_restored_sessions_total", "gym_sessions_snapshots_written_total")
     }
-    assert totals["gym_sessions_restored_sessions_total"] == len(taken_over)
+    victims_sessions = sum(1 for owner in owners.values() if owner == victim)
+    assert len(taken_over) <= totals["gym_sessions_restored_sessions_total"] <= victims_sessions
     assert totals["gym_sessions_snapshots_written_total"] >= EPISODES
     assert server.stop() == 0
 
