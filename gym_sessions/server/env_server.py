@@ -186,6 +186,7 @@ class GymEnvServer(ResourcesServer):
             "episode_return": state.episode_return,
             "episode_length": state.episode_length,
             "observation": state.observation,
+            "records": self.session_records(session_id),
         }
         if _defines_state_protocol(state.env):
             env_state = state.env.get_state()  # type: ignore[attr-defined]
@@ -225,6 +226,7 @@ class GymEnvServer(ResourcesServer):
             episode_length=payload["episode_length"],
             observation=payload["observation"],
         )
+        self.restore_records(session_id, payload.get("records", {}))
 
     def metrics(self) -> dict[str, Any]:
         return {"sessions": len(self._sessions)}

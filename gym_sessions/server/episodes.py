@@ -103,6 +103,10 @@ class EpisodeBinding:
                 f"not {_describe(episode)}"
             )
 
+    def of(self, session_id: str) -> tuple[str, int] | None:
+        """The episode ``session_id`` is bound to, if any."""
+        return self._episodes.get(session_id)
+
     def forget(self, session_id: str) -> None:
         """Drop the binding (the session's last record is gone)."""
         self._episodes.pop(session_id, None)

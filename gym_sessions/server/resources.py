@@ -325,6 +325,24 @@ class ResourcesServer(SessionServer):
         body = AGGREGATE_BODY.validate(await read_json(request))
         return JSONResponse(aggregate_verify_responses(body["verify_responses"]))
 
+    # Durable sessions: what this class records of a session travels in its
+    # snapshot too, so a restored session answers a repeated seed as before.
+
+    def session_records(self, sid: str) -> dict[str, Any]:
+        """The start record and episode binding of ``sid``, for its snapshot."""
+        start = self._starts.get(sid)
+        return {
+            "start": None if start is None else (start.body, start.reply),
+            "episode": self.episodes.of(sid),
+        }
+
+    def restore_records(self, sid: str, records: dict[str, Any]) -> None:
+        """Take back what `session_records` gave (a restored session)."""
+        if records.get("start") is not None:
+            body, reply = records["start"]
+            self._starts[sid] = _StartRecord(body, reply)
+        self.episodes.bind(sid, records.get("episode"))
+
     def _claim_ended(self, sid: str) -> None:
         """The session's claim ended: its records go with it, then its state."""
         self._starts.pop(sid, None)

@@ -230,3 +230,30 @@ def test_an_env_that_cannot_be_captured_still_gets_410(serve):
     _kill_holder_of(runtime_dir, sid)
     status, data, _ = _post(server.url, "/step", {"action": 1}, cookie)
     assert status == 410 and data["error"]["code"] == "session_gone"
+
+
+def test_a_restored_session_still_answers_nemo_seed_retries_as_before(serve):
+    # NeMo Gym's contract (test_nemo_contract.py): a repeated /seed_session of an
+    # open session replays its first reply, another episode gets 409. Its start
+    # record and episode binding travel in the snapshot, so a restore keeps both.
+    server = serve(COUNTER, "--durable-sessions", "--trust-session-ids", workers=4)
+    (runtime_dir,) = server.runtime_dirs()
+    sid = f"nemo-durable-{uuid.uuid4().hex}"
+    seed = {
+        "resources_session_id": sid,
+        "episode_id": {"rollout_id": "r", "attempt": 0},
+        "task_id": {"taskset": "counter", "task_id": "0"},
+        "task_data": {"goal": 7},
+    }
+    status, first, cookie = _post(server.url, "/seed_session", seed)
+    assert status == 200, first
+    status, data, _ = _post(server.url, "/step", {"action": 2}, cookie)
+    assert status == 200, data
+    _kill_holder_of(runtime_dir, sid)
+    status, replayed, _ = _post(server.url, "/seed_session", seed)
+    assert (status, replayed) == (200, first)  # replayed, not restarted
+    status, data, _ = _post(server.url, "/observe", {}, cookie)
+    assert status == 200 and data["episode_length"] == 1, data  # the step survived
+    other = {**seed, "episode_id": {"rollout_id": "other", "attempt": 0}}
+    status, data, _ = _post(server.url, "/seed_session", other)
+    assert (status, data["error"]["code"]) == (409, "session_conflict")
