@@ -174,14 +174,25 @@ class AgentServer(SessionServer):
     def export_session(self, session_id: str) -> bytes | None:
         if not self.durable_agent_state or session_id not in self.agent_sessions:
             return None
+        # The seed's body and episode go along: a restored session answers a
+        # retried seed (same body: not created again; another: 409) as before.
+        snapshot = {
+            "state": self.agent_sessions[session_id],
+            "seed_body": self._seed_bodies.get(session_id),
+            "episode": self.episodes.of(session_id),
+        }
         try:
-            return pickle.dumps(self.agent_sessions[session_id])
+            return pickle.dumps(snapshot)
         except Exception:
             return None  # this session's state does not pickle: not durable (logged once)
 
     def import_session(self, session_id: str, data: bytes) -> None:
         # Only bytes whose MAC verified reach here (`SnapshotCodec.decode`).
-        self.agent_sessions[session_id] = pickle.loads(data)
+        snapshot = pickle.loads(data)
+        self.agent_sessions[session_id] = snapshot["state"]
+        if snapshot["seed_body"] is not None:
+            self._seed_bodies[session_id] = snapshot["seed_body"]
+        self.episodes.bind(session_id, snapshot["episode"])
 
     def agent_state(self, request: Request) -> Any:
         """The state of the request's agent session, or ``None``.

@@ -532,6 +532,13 @@ async def test_an_agent_session_whose_state_pickles_continues_after_its_worker_d
     await c[0].kill()
     remembered = await c[1].request("POST", "/remember", {"value": 4}, cookie=seed.cookie)
     assert remembered.status == 200 and remembered.json == {"count": 4, "total": 10}
+    # The seed's body came along: a retried seed is not created again, another is 409.
+    body = {"agent_session_id": sid, "values": [1, 2]}
+    retried = await c[1].request("POST", "/v1/agent_sessions", body, cookie=seed.cookie)
+    assert retried.status == 200 and retried.json["created"] is False, retried.json
+    other = {"agent_session_id": sid, "values": [9]}
+    conflict = await c[1].request("POST", "/v1/agent_sessions", other, cookie=seed.cookie)
+    assert conflict.status == 409, conflict.json
     closed = await c[2].request("POST", "/v1/agent_sessions/close", {"agent_session_id": sid})
     assert closed.status == 200, closed.json
     assert closed.json["outcome"] == "closed" and closed.json["total"] == 10
