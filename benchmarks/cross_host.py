@@ -59,7 +59,7 @@ from typing import Any
 import _common
 import redis
 from _common import RawConnection, connections_by_worker, markdown_table
-from routing_cost import SteppedSession, round_order
+from routing_cost import SteppedSession, interleaved_rounds
 
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.server.process import ServerProcess, start_server
@@ -260,14 +260,10 @@ def main() -> None:
         plan = Batches(file_host, redis_hosts)
         batches = plan.by_class()
         cycle = len(plan.redis_workers)
-        for r, kind in itertools.product(range(cycle), CLASSES):
-            batches[kind](r, max(1, args.warmup // cycle), [])
-        per_round: dict[str, list[list[float]]] = {kind: [] for kind in CLASSES}
-        for r in range(args.rounds):
-            for kind in round_order(list(CLASSES), r):
-                samples: list[float] = []
-                batches[kind](r, args.batch, samples)
-                per_round[kind].append(samples)
+        batches = {kind: batches[kind] for kind in CLASSES}  # in CLASSES' order
+        per_round = interleaved_rounds(
+            batches, cycle=cycle, warmup=args.warmup, rounds=args.rounds, batch=args.batch
+        )
         for host in hosts:
             host.check()
         if registered_workers(redis_server.url) != registered:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import subprocess
@@ -31,7 +30,7 @@ import sys
 import textwrap
 
 import _common
-from routing_cost import Fleet, round_order
+from routing_cost import Fleet, interleaved_rounds
 
 from gym_sessions.server.process import start_server
 
@@ -133,14 +132,9 @@ def main() -> None:
             batches[f"{mode}, local"] = fleet.local
             batches[f"{mode}, forwarded"] = fleet.forwarded
         classes = list(batches)
-        for r, kind in itertools.product(range(WORKERS), classes):
-            batches[kind](r, args.warmup // WORKERS, [])
-        per_round: dict[str, list[list[float]]] = {kind: [] for kind in classes}
-        for r in range(args.rounds):
-            for kind in round_order(classes, r):
-                samples: list[float] = []
-                batches[kind](r, args.batch, samples)
-                per_round[kind].append(samples)
+        per_round = interleaved_rounds(
+            batches, cycle=WORKERS, warmup=args.warmup, rounds=args.rounds, batch=args.batch
+        )
         for fleet in fleets.values():
             fleet.check()
     p50s = {k: [_common.percentile(b, 50) for b in per_round[k]] for k in classes}

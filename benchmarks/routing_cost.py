@@ -37,6 +37,8 @@ import os
 import statistics
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import _common
 from _common import RawConnection, connections_by_worker, markdown_table, session_cookie
@@ -162,15 +164,9 @@ def main() -> None:
             **{forwarded_label(t): fleet.forwarded for t, fleet in fleets.items()},
             PRIVATE: default.direct,
         }
-        classes = list(batches)
-        for r, kind in itertools.product(range(WORKERS), classes):
-            batches[kind](r, args.warmup // WORKERS, [])
-        per_round: dict[str, list[list[float]]] = {kind: [] for kind in classes}
-        for r in range(args.rounds):
-            for kind in round_order(classes, r):
-                samples: list[float] = []
-                batches[kind](r, args.batch, samples)
-                per_round[kind].append(samples)
+        per_round = interleaved_rounds(
+            batches, cycle=WORKERS, warmup=args.warmup, rounds=args.rounds, batch=args.batch
+        )
         for fleet in fleets.values():
             fleet.check()
 
@@ -179,6 +175,33 @@ def main() -> None:
     path = _common.write_json("routing_cost", report)
     plot(per_round)
     print(f"\nwrote {path} and routing_cost.png")
+
+
+def interleaved_rounds(
+    batches: dict[str, Callable[[int, int, list[float]], Any]],
+    *,
+    cycle: int,
+    warmup: int,
+    rounds: int,
+    batch: int,
+) -> dict[str, list[list[float]]]:
+    """Warm every class up, then time ``rounds`` rounds of ``batch`` calls in `round_order`.
+
+    ``batches[kind](r, n, into)`` makes ``n`` calls of class ``kind`` in round
+    ``r`` and appends each call's seconds to ``into``; ``cycle`` is how many
+    rounds it takes a class to use all its connections once (its warm-up is
+    spread over them). Returns each class's per-round samples.
+    """
+    classes = list(batches)
+    for r, kind in itertools.product(range(cycle), classes):
+        batches[kind](r, max(1, warmup // cycle), [])
+    per_round: dict[str, list[list[float]]] = {kind: [] for kind in classes}
+    for r in range(rounds):
+        for kind in round_order(classes, r):
+            samples: list[float] = []
+            batches[kind](r, batch, samples)
+            per_round[kind].append(samples)
+    return per_round
 
 
 def round_order(classes: list[str], r: int) -> list[str]:
