@@ -6,9 +6,10 @@ import importlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import ModuleType
 
+import aiohttp
 import pytest
 
 from gym_sessions.server.process import ServerProcess, start_server
@@ -72,3 +73,15 @@ def serve(short_tmp) -> Iterator[Callable[..., ServerProcess]]:
     yield _serve
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+async def web() -> AsyncIterator[aiohttp.ClientSession]:
+    """A new connection per request and no cookie jar: credentials go only where a test
+    puts them, and requests land on any worker (as a NeMo environment server calls)."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(force_close=True, limit=64),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=aiohttp.ClientTimeout(total=60),
+    ) as session:
+        yield session

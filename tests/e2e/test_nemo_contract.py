@@ -63,17 +63,6 @@ def untrusting() -> Iterator[ServerProcess]:
     yield from _serve(COUNTER, 4, "--window", "300")
 
 
-@pytest.fixture
-async def web() -> Any:
-    """A new connection per request and no cookie jar, as a NeMo environment server calls."""
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(force_close=True, limit=64),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=60),
-    ) as session:
-        yield session
-
-
 @dataclass
 class Reply:
     status: int

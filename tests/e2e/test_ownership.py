@@ -101,17 +101,6 @@ def trusting_server() -> Iterator[ServerProcess]:
     yield from _server("--window", "300", "--trust-session-ids")
 
 
-@pytest.fixture
-async def web() -> Any:
-    """A new connection per request, no cookie jar: credentials go only where a test puts them."""
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(force_close=True, limit=64),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=60),
-    ) as session:
-        yield session
-
-
 # ----------------------------------------------------------------------------- HTTP helpers
 
 

@@ -52,17 +52,6 @@ def agent() -> Iterator[ServerProcess]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@pytest.fixture
-async def web() -> Any:
-    """A new connection per request, no cookie jar."""
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(force_close=True, limit=64),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=60),
-    ) as session:
-        yield session
-
-
 @dataclass
 class Reply:
     status: int
