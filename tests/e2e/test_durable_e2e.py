@@ -89,35 +89,45 @@ def test_a_draining_worker_hands_its_open_durable_sessions_over_at_once(serve):
     server = serve(COUNTER, "--durable-sessions", workers=4)
     episodes = make_episodes(80, seed=18)
 
-    async def scenario() -> tuple[DurablePlayer, float | None]:
+    async def scenario() -> tuple[DurablePlayer, float | None, bool]:
         async with client_session() as client:
             player = DurablePlayer(client, server.url)
             before = set(server.worker_pids())
             cookies = await asyncio.gather(*[player.start(e) for e in episodes])
             server.process.send_signal(signal.SIGTTOU)
             drained_after: float | None = None
+            finished = 0
+            open_when_drained = False
+            watched = asyncio.Event()
             started = time.monotonic()
 
             async def watch() -> None:
-                nonlocal drained_after
+                nonlocal drained_after, open_when_drained
                 while drained_after is None and time.monotonic() - started < 30:
                     if len(before & set(server.worker_pids())) == 3:
                         drained_after = time.monotonic() - started
+                        open_when_drained = finished == 0
                     await asyncio.sleep(0.05)
+                watched.set()
 
-            async def finish_slowly(e, cookie) -> None:
-                await asyncio.sleep(1.0)  # sessions stay open well past the drain
+            async def finish_after_the_drain(e, cookie) -> None:
+                nonlocal finished
+                # Open until the worker left (or the watch gave up): a drain that
+                # waited for its sessions to close would never see it leave.
+                await watched.wait()
                 await player.finish(e, cookie)
+                finished += 1
 
             await asyncio.gather(
-                watch(), *[finish_slowly(e, c) for e, c in zip(episodes, cookies, strict=True)]
+                watch(),
+                *[finish_after_the_drain(e, c) for e, c in zip(episodes, cookies, strict=True)],
             )
-            return player, drained_after
+            return player, drained_after, open_when_drained
 
-    player, drained_after = asyncio.run(scenario())
+    player, drained_after, open_when_drained = asyncio.run(scenario())
     assert [e.reward for e in episodes].count(1.0) == len(episodes)
-    # The drained worker left within seconds, its sessions still open then.
-    assert drained_after is not None and drained_after < 10, drained_after
+    # The drained worker left while every session was still open.
+    assert drained_after is not None and open_when_drained, drained_after
     for failures in player.failures.values():
         assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
     print(f"\ndrained worker gone after {drained_after:.1f} s; failures {player.failures}")
@@ -138,6 +148,7 @@ def test_a_reload_hands_open_durable_sessions_to_the_new_workers(serve):
             server.process.send_signal(signal.SIGHUP)
             started = time.monotonic()
             gone_after: float | None = None
+            watched = asyncio.Event()
 
             async def watch() -> None:
                 nonlocal gone_after
@@ -145,16 +156,17 @@ def test_a_reload_hands_open_durable_sessions_to_the_new_workers(serve):
                     if not old & set(server.worker_pids()):
                         gone_after = time.monotonic() - started
                     await asyncio.sleep(0.05)
+                watched.set()
 
-            async def finish_slowly(e, cookie) -> None:
-                for _ in range(100):  # until the reload is under way
-                    if gone_after is not None:
-                        break
-                    await asyncio.sleep(0.1)
+            async def finish_after_the_reload(e, cookie) -> None:
+                # Open until the old generation left (or the watch gave up): one
+                # that waited for its sessions to close would never be seen leaving.
+                await watched.wait()
                 await player.finish(e, cookie)
 
             await asyncio.gather(
-                watch(), *[finish_slowly(e, c) for e, c in zip(episodes, cookies, strict=True)]
+                watch(),
+                *[finish_after_the_reload(e, c) for e, c in zip(episodes, cookies, strict=True)],
             )
             return player, old, gone_after
 
