@@ -59,6 +59,13 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def sb3_logs_in_tmp_path(tmp_path, monkeypatch) -> None:
+    # PPO.learn makes a log directory even at verbose=0 (tempdir/SB3-<time> by
+    # default): keep it in this test's own directory, not /tmp.
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path / "sb3-logs"))
+
+
 def local_cartpoles(n: int = N, **make_kwargs) -> DummyVecEnv:
     return DummyVecEnv([lambda: gym.make("CartPole-v1", **make_kwargs) for _ in range(n)])
 
