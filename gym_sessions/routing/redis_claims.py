@@ -961,6 +961,11 @@ class RedisClaimStore:
         registry: Worker registrations (filled with what claim reads learn).
         orphan_seconds: How long a dead worker's claim keeps answering 410
             after a reader or the reaper finds it (the window plus a margin).
+        keep_orphans_seconds: With durable sessions, how long a dead worker's
+            claim stays instead, when longer: as long as its snapshot may still
+            be restored. A takeover needs the claim to name the dead holder, so
+            a claim gone sooner would turn a client that comes back later into
+            a "no open episode" on a fresh worker while the snapshot still exists.
     """
 
     expires = True
@@ -969,7 +974,11 @@ class RedisClaimStore:
     indexed_workers_key = KEY_PREFIX + "indexed_workers"
 
     def __init__(
-        self, client: redis.asyncio.Redis, registry: WorkerRegistry, orphan_seconds: float
+        self,
+        client: redis.asyncio.Redis,
+        registry: WorkerRegistry,
+        orphan_seconds: float,
+        keep_orphans_seconds: float = 0.0,
     ) -> None:
         self.client = client
         self.registry = registry
@@ -981,7 +990,8 @@ class RedisClaimStore:
         self._keep = client.register_script(_KEEP)
         self._reap = client.register_script(_REAP)
         self._take_over = client.register_script(_TAKE_OVER)
-        self._orphan_ms = max(1, int(orphan_seconds * 1000))
+        # `trusted_for` counts with the shorter `orphan_seconds`: the safe side.
+        self._orphan_ms = max(1, int(max(orphan_seconds, keep_orphans_seconds) * 1000))
         self._grace_ms = int(RESTORE_GRACE_SECONDS * 1000)
         self.index_key = self.index_prefix + self.worker_id
 

@@ -170,7 +170,12 @@ class WorkerApp:
                 deadline=settings.claims_timeout,
             )
             store = self.redis_store = RedisClaimStore(
-                self.registry.client, self.registry, window + EXPIRY_MARGIN_SECONDS
+                self.registry.client,
+                self.registry,
+                window + EXPIRY_MARGIN_SECONDS,
+                keep_orphans_seconds=(
+                    _snapshot_lifetime(settings) if settings.durable_sessions else 0.0
+                ),
             )
             self.forward_signer = ForwardSigner(settings.secret)
             if settings.durable_sessions:

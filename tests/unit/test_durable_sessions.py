@@ -543,3 +543,40 @@ async def test_an_agent_session_whose_state_pickles_continues_after_its_worker_d
     assert closed.status == 200, closed.json
     assert closed.json["outcome"] == "closed" and closed.json["total"] == 10
     assert c.runtime_dir is not None and c.runtime_dir.snapshot_count() == 0
+
+
+async def test_redis_a_dead_hosts_orphaned_claims_last_as_long_as_their_snapshots(
+    durable_hosts,
+):
+    # The reaper (or a reader) gives a dead worker's claims an expiry; had it been
+    # the window plus a margin (12 s here), a client back after that would find
+    # no claim naming the dead holder, so no takeover: a fresh, empty session
+    # (404 no_open_episode) while the snapshot still existed.
+    c = await durable_hosts(2)
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    assert (await c[0].request("POST", "/step", {"action": 2}, cookie=cookie)).status == 200
+    await crash(c[0])
+    c.redis().delete(registration_key(c[0]))
+    assert await c[1].app.redis_store.reap_orphans() == 1
+    claim_ttl = c.redis().pttl(RedisClaimStore.key(sid))
+    assert claim_ttl >= c.redis().pttl(snapshot_key(sid)) > 3600 * 1000
+    step = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
+    assert step.status == 200, step.json
+    assert step.json["observation"] == 8
+    assert c.claim_owner(sid) == c[1].id
+    assert restored_total(c) == 1
+
+
+async def test_redis_without_durable_sessions_orphaned_claims_expire_after_the_window(
+    start_clusters, redis_server
+):
+    c = await start_clusters(
+        counter_server, 2, claims=redis_server.url, session_close_retry_window_seconds=WINDOW
+    )
+    sid = new_id()
+    await start_counter(c, 0, sid)
+    await crash(c[0])
+    c.redis().delete(registration_key(c[0]))
+    assert await c[1].app.redis_store.reap_orphans() == 1
+    assert 0 < c.redis().pttl(RedisClaimStore.key(sid)) <= (WINDOW + 10) * 1000
