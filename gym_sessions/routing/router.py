@@ -328,6 +328,7 @@ class SessionRouter:
             scope.pop(REQUEST_SESSION_KEY, None)
             scope.pop("session", None)
             routed.json_body = None
+            routed.body = None
             routed.data = None
 
     async def _route(
@@ -629,6 +630,7 @@ class SessionRouter:
                 message["headers"] = [*message.get("headers", []), self.worker_header]
             await send(message)
 
+        routed.body = body  # for `read_json`: the body is not read twice
         cancellable = route_path(scope["path"]) not in self.runs_to_completion
         try:
             # ASGI apps are coroutine functions: the watch may close one it never awaits.
