@@ -84,6 +84,10 @@ class DisconnectWatch:
 
         return send_watched
 
+    def reply_started(self) -> None:
+        """The reply starts, seen by the caller's own ``send`` wrapper: nothing is cancelled now."""
+        self._replying = True
+
     async def run(self, work: Coroutine[Any, Any, None], *, cancellable: bool) -> None:
         """Run ``work`` in this task; cancel it if the client leaves first and ``cancellable``.
 
