@@ -27,7 +27,11 @@ per request (``/proc``). CartPole episodes that end are reset outside the
 timed calls.
 
     .venv/bin/python benchmarks/framework_cost.py [--calls 2000] [--rounds 10] [--profile]
-    .venv/bin/python benchmarks/framework_cost.py --http [--rounds 60] [--batch 200]
+    .venv/bin/python benchmarks/framework_cost.py --http [--rounds 60] [--batch 200] [--against REV]
+
+``--against REV`` adds the counter and CartPole servers of an earlier commit
+(its own ``git worktree``, every process checked to import it), so a change's
+effect is a ratio from the same rounds.
 """
 
 from __future__ import annotations
@@ -179,16 +183,32 @@ class SteppedServer:
         return sum(cpu for cpu, _ in timed) / max(sum(n for _, n in timed), 1) * 1e6
 
 
-def run_http(rounds: int, batch: int, warmup: int) -> dict[str, Any]:
-    """Interleaved rounds of sequential ``/step`` against the three 1-worker servers."""
+def run_http(rounds: int, batch: int, warmup: int, against: str | None) -> dict[str, Any]:
+    """Interleaved rounds of sequential ``/step`` against the 1-worker servers.
+
+    With ``against``, the counter and CartPole servers of that commit too,
+    each served from its own worktree (`_common.start_revision_server`).
+    """
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+    imported: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         stepped = {}
         for name, (target, body) in HTTP_TARGETS.items():
             server = stack.enter_context(start_server(target, env={"PYTHONPATH": path}))
             stepped[name] = SteppedServer(server, body)
             stack.callback(stepped[name].connection.close)
+        if against is not None:
+            (revision,) = stack.enter_context(_common.worktrees([against]))
+            for name, (target, body) in HTTP_TARGETS.items():
+                if name == "bare":
+                    continue
+                server = _common.start_revision_server(revision, target, workers=1)
+                stack.callback(server.stop)
+                label = f"{name} at {against}"
+                imported[label] = {"commit": revision.commit, "imported": server.imported}
+                stepped[label] = SteppedServer(server, body)
+                stack.callback(stepped[label].connection.close)
         batches = {name: s.steps for name, s in stepped.items()}
         per_round = interleaved_rounds(batches, cycle=1, warmup=warmup, rounds=rounds, batch=batch)
         cpu_us = {name: s.cpu_us_per_call() for name, s in stepped.items()}
@@ -200,11 +220,17 @@ def run_http(rounds: int, batch: int, warmup: int) -> dict[str, Any]:
         "rounds": rounds,
         "batch": batch,
         "warmup": warmup,
+        "against": imported,
         "pooled_ms": pooled,
         "round_p50_ms": p50s,
         "server_cpu_us_per_call": cpu_us,
         "median_p50_ratio_to_bare": {
             name: _common.median_ratio(p50s[name], p50s["bare"]) for name in batches
+        },
+        "median_p50_ratio_to_against": {
+            name: _common.median_ratio(p50s[name], p50s[f"{name} at {against}"])
+            for name in HTTP_TARGETS
+            if f"{name} at {against}" in p50s
         },
     }
 
@@ -223,6 +249,8 @@ def print_http(report: dict[str, Any]) -> None:
     ]
     headers = ["class", "p50 ms", "p90 ms", "p99 ms", "p50 / bare", "server CPU us/call"]
     print(markdown_table(headers, rows))
+    for name, ratio in report["median_p50_ratio_to_against"].items():
+        print(f"{name}: this tree / the other commit, median of per-round p50 ratios: {ratio:.3f}")
 
 
 def main() -> None:
@@ -233,11 +261,14 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="real 1-worker servers over HTTP")
     parser.add_argument("--batch", type=int, default=200, help="--http: steps per class per round")
     parser.add_argument("--warmup", type=int, default=300, help="--http: unrecorded steps")
+    parser.add_argument(
+        "--against", metavar="REV", help="--http: also the counter and CartPole servers of REV"
+    )
     args = _common.parse_args(parser)
     print(_common.load_note())
     machine = _common.machine()
     if args.http:
-        measured = run_http(args.rounds or 60, args.batch, args.warmup)
+        measured = run_http(args.rounds or 60, args.batch, args.warmup, args.against)
         report = {"machine": machine, "mode": "http", **measured}
         print_http(report)
         print(_common.load_note())
