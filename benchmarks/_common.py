@@ -440,7 +440,9 @@ def _imported_by(server: Any, probe_dir: str, workers: int, within: float = 30.0
             path = os.path.join(probe_dir, f"{pid}.json")
             with contextlib.suppress(OSError, ValueError), open(path) as file:
                 found[pid] = json.load(file)["gym_sessions"]
-        if len(pids) == workers + 1 and len(found) == len(pids):
+        # One worker serves in the supervisor's own process (no worker children).
+        processes = workers + 1 if workers > 1 else 1
+        if len(pids) == processes and len(found) == len(pids):
             return found
         if time.monotonic() > deadline:
             raise RuntimeError(f"the probe saw {found} of processes {pids}")

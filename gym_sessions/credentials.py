@@ -2,7 +2,11 @@
 
 The cookie uses Starlette's ``SessionMiddleware`` encoding (base64 JSON signed by
 an itsdangerous ``TimestampSigner``), so the router can read the session id
-from it before any middleware runs. Its holder owns the session, so it may
+from it before any middleware runs. Cookies are signed by itsdangerous; every
+request's cookie is verified here against the signer's own derived key, kept
+as a ready HMAC state (itsdangerous derives the key and keys a new HMAC on
+every call, about half the cost of reading a cookie), accepting exactly the
+values the signer makes. Its holder owns the session, so it may
 read what it carries (the id and the incarnation nonce).
 
 The MCP session token is handed to tool clients that may be sandboxed (an LLM
@@ -38,6 +42,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import time
 from base64 import b64decode, b64encode
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +93,11 @@ class SessionCredentials:
     def __init__(self, secret: str, cookie_name: str) -> None:
         self.cookie_name = cookie_name
         self._cookie_signer = itsdangerous.TimestampSigner(secret)
+        # The signer's key and digest, keyed once: each verification copies this state.
+        self._cookie_mac = hmac.new(
+            self._cookie_signer.derive_key(), digestmod=self._cookie_signer.digest_method
+        )
+        self._cookie_sep = itsdangerous.want_bytes(self._cookie_signer.sep)
         self._token_cipher = Fernet(base64.urlsafe_b64encode(_derived_key(secret, b"mcp-token")))
         self._session_key_mac = _derived_key(secret, b"session-key")
 
@@ -97,17 +107,33 @@ class SessionCredentials:
         return self._cookie_signer.sign(payload).decode()
 
     def decode_cookie(self, value: str) -> dict[str, Any] | None:
-        """The data of a cookie value, or ``None`` if it is tampered, expired or malformed."""
-        signer = self._cookie_signer
+        """The data of a cookie value, or ``None`` if it is tampered, expired or malformed.
+
+        The value is ``payload.timestamp.signature`` as itsdangerous signs it;
+        only the signer's canonical encoding of a valid signature is accepted.
+        """
         try:
-            # No max_age: itsdangerous would refuse a cookie signed by a host whose
+            signed = value.encode("ascii")
+        except UnicodeEncodeError:
+            return None
+        message, sep, signature = signed.rpartition(self._cookie_sep)
+        payload, sep_before, stamp = message.rpartition(self._cookie_sep)
+        if not sep or not sep_before:
+            return None
+        mac = self._cookie_mac.copy()
+        mac.update(message)
+        expected = base64.urlsafe_b64encode(mac.digest()).rstrip(b"=")
+        if not hmac.compare_digest(expected, signature):
+            return None
+        try:
+            signed_at = int.from_bytes(base64.urlsafe_b64decode(stamp + b"=" * (-len(stamp) % 4)))
+            # No itsdangerous max_age: it refuses a cookie signed by a host whose
             # clock is even a second ahead ("Signature age -1 < 0").
-            payload, signed_at = signer.unsign(value, return_timestamp=True)
-            age = signer.get_timestamp() - int(signed_at.timestamp())
+            age = int(time.time()) - signed_at
             if not -CLOCK_SKEW_SECONDS <= age <= COOKIE_MAX_AGE_SECONDS:
                 return None
             data = json.loads(b64decode(payload, validate=True))
-        except (itsdangerous.BadSignature, binascii.Error, ValueError):
+        except (binascii.Error, ValueError):
             return None
         return data if isinstance(data, dict) else None
 

@@ -331,24 +331,21 @@ async def test_1e400_parses_to_infinity_which_number_fields_refuse():
     assert refusal(TYPED, body) == "field 'x' must be number, not float"
 
 
-async def test_the_routers_parse_is_reused_without_reading_the_body():
-    routed = routed_session()
-    parsed = {"resources_session_id": "sid"}
-    routed.json_body = parsed
+def unreadable_request(routed: Any) -> Request:
+    """A routed request whose ASGI ``receive`` fails: its body must not be read again."""
 
     async def receive() -> dict[str, Any]:
         raise AssertionError("the body was read again")
 
-    request = Request(
-        {
-            "type": "http",
-            "method": "POST",
-            "path": "/x",
-            "headers": [],
-            REQUEST_SESSION_KEY: routed,
-        },
-        receive,
-    )
+    scope = {"type": "http", "method": "POST", "path": "/x", "headers": []}
+    return Request({**scope, REQUEST_SESSION_KEY: routed}, receive)
+
+
+async def test_the_routers_parse_is_reused_without_reading_the_body():
+    routed = routed_session()
+    parsed = {"resources_session_id": "sid"}
+    routed.json_body = parsed
+    request = unreadable_request(routed)
     assert await read_json(request) is parsed
     routed.json_body = None  # the router parsed an empty body
     assert await read_json(request) is None
@@ -358,3 +355,12 @@ async def test_a_routed_request_the_router_did_not_parse_is_read():
     routed = routed_session()
     assert not routed.has_json_body
     assert await read_json(request_with_body(b'{"k": 1}', routed)) == {"k": 1}
+
+
+async def test_the_body_the_router_read_is_parsed_without_reading_it_again():
+    routed = routed_session()
+    routed.body = b'{"action": 3}'
+    request = unreadable_request(routed)
+    assert await read_json(request) == {"action": 3}
+    routed.body = b" "
+    assert await read_json(request) is None

@@ -64,6 +64,27 @@ def test_other_keys_tampering_and_crossing_kinds_are_refused():
     assert CREDENTIALS.read_token("é") is None
 
 
+def test_cookies_are_itsdangerous_timestamp_signed_values_both_ways():
+    # The reader keeps its own keyed HMAC; it must accept exactly what the signer makes.
+    signer = itsdangerous.TimestampSigner("secret-one-" + "x" * 20)
+    payload = base64.b64encode(b'{"session_id":"a","incarnation":"n"}')
+    by_library = signer.sign(payload).decode()
+    assert CREDENTIALS.decode_cookie(by_library) == {"session_id": "a", "incarnation": "n"}
+    ours = CREDENTIALS.encode_cookie({"session_id": "a"})
+    assert signer.unsign(ours) == base64.b64encode(b'{"session_id":"a"}')
+
+
+def test_every_one_character_change_of_a_cookie_is_refused():
+    cookie = CREDENTIALS.encode_cookie({"session_id": "a", "incarnation": "nonce"})
+    for i, char in enumerate(cookie):
+        for other in {"A", "b", "0", "-", "_", ".", "=", "é"} - {char}:
+            changed = cookie[:i] + other + cookie[i + 1 :]
+            assert CREDENTIALS.decode_cookie(changed) is None, (i, other)
+        assert CREDENTIALS.decode_cookie(cookie[:i] + cookie[i + 1 :]) is None, i
+    for broken in ("", ".", "..", "a.b", "a.b.c", cookie + ".", "." + cookie, cookie + "="):
+        assert CREDENTIALS.decode_cookie(broken) is None, broken
+
+
 def test_cookies_expire(monkeypatch):
     real_time = itsdangerous.timed.time.time
     monkeypatch.setattr(

@@ -47,6 +47,14 @@ class DisconnectWatch:
         self._cancellable = False
         #: The client disconnected and the guarded work was cancelled for it.
         self.cancelled = False
+        # The listener task starts on the loop's next turn, which comes only if
+        # the request's task suspends: that is when a disconnect could first be
+        # seen and acted on. A request served without suspending (most tool
+        # calls) costs one callback handle instead of a task started and cancelled.
+        self._listener: asyncio.Task[None] | None = None
+        self._start = asyncio.get_running_loop().call_soon(self._start_listening)
+
+    def _start_listening(self) -> None:
         self._listener = asyncio.ensure_future(self._listen())
 
     async def _listen(self) -> None:
@@ -75,6 +83,10 @@ class DisconnectWatch:
             await send(message)
 
         return send_watched
+
+    def reply_started(self) -> None:
+        """The reply starts, seen by the caller's own ``send`` wrapper: nothing is cancelled now."""
+        self._replying = True
 
     async def run(self, work: Coroutine[Any, Any, None], *, cancellable: bool) -> None:
         """Run ``work`` in this task; cancel it if the client leaves first and ``cancellable``.
@@ -105,5 +117,7 @@ class DisconnectWatch:
 
     def close(self) -> None:
         """The request ended: stop listening; a late ``receive`` says disconnected."""
-        self._listener.cancel()
+        self._start.cancel()
+        if self._listener is not None:
+            self._listener.cancel()
         self._gone.set()

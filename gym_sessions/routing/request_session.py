@@ -130,6 +130,9 @@ class RequestSession:
         room: The room a start reserved on this worker, given back when the
             request ends (unless its session went live and kept it).
         json_body: The parsed JSON body when the router had to parse it.
+        body: The body as the router read it, on the worker serving the request
+            (`read_json` parses it there, rather than reading it again through
+            the ASGI ``receive``).
         data: ``request.session``, set by the session cookie middleware.
     """
 
@@ -145,6 +148,7 @@ class RequestSession:
     starts: bool = False
     room: RoomReservation | None = field(default=None, repr=False)
     json_body: Any = _NO_BODY
+    body: bytes | None = field(default=None, repr=False)
     data: SessionData | None = field(default=None, repr=False)
 
     @property

@@ -65,6 +65,7 @@ from gym_sessions.routing.session_snapshots import (
 )
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
+from gym_sessions.server.route_table import RouteTable
 from gym_sessions.settings import Settings
 
 __all__ = ["SERVER_MARK", "WorkerApp", "create_app", "new_worker_id"]
@@ -225,8 +226,9 @@ class WorkerApp:
         if settings.metrics:
             templates = [route.path for route in routes if isinstance(route, Route)]
             self.metrics = self._start_metrics(server, templates)
+        all_routes = [*routes, Mount("/rollouts/{rollout_id}", routes=routes)]
         starlette = Starlette(
-            routes=[*routes, Mount("/rollouts/{rollout_id}", routes=routes)],
+            routes=all_routes,
             middleware=server.middleware(),
             exception_handlers={
                 HTTPError: _on_http_error,
@@ -235,6 +237,8 @@ class WorkerApp:
             },
             lifespan=self._lifespan,
         )
+        # The same routes, fixed paths found without Starlette's regex scan.
+        starlette.router = RouteTable(all_routes, lifespan=self._lifespan)
         self.router = self.app = SessionRouter(
             SessionCookieMiddleware(
                 starlette, self.credentials, server.sources.cookie_key, self.claims

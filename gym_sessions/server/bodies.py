@@ -114,12 +114,17 @@ async def read_json(request: Request) -> Any:
     """The request's JSON body (``None`` when empty), parsed once.
 
     The router already parsed typed session starts and closes; their parse is
-    reused. NaN and Infinity literals are refused, as strict JSON does.
+    reused. Other bodies are parsed from the bytes the router read. NaN and
+    Infinity literals are refused, as strict JSON does.
     """
     routed = request.scope.get(REQUEST_SESSION_KEY)
-    if routed is not None and routed.has_json_body:
-        return routed.json_body
-    raw = await request.body()
+    raw: bytes | None = None
+    if routed is not None:
+        if routed.has_json_body:
+            return routed.json_body
+        raw = routed.body
+    if raw is None:
+        raw = await request.body()
     if not raw.strip():
         return None
     try:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gym_sessions.server.bodies import BodySchema, read_json
+from gym_sessions.server.replies import JSONReply
 
 __all__ = ["Tool", "ToolHandler"]
 
@@ -46,9 +46,9 @@ class Tool:
     def route(self) -> Route:
         """The HTTP route of this tool."""
 
-        async def endpoint(request: Request) -> JSONResponse:
+        async def endpoint(request: Request) -> JSONReply:
             arguments = self.arguments.validate(await read_json(request))
-            return JSONResponse(await self.handler(request, arguments))
+            return JSONReply(await self.handler(request, arguments))
 
         return Route(self.path, endpoint, methods=["POST"], name=self.name)
 

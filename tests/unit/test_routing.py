@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from typing import Any
 
 import pytest
 
+from gym_sessions.errors import RequestTimeoutError
 from gym_sessions.routing.claim_store import FileClaimStore
+from gym_sessions.routing.router import _receive_within
 
 from .cluster import Cluster, count_call, new_id, send, wait_until
 from .fake_clock import FakeClock
@@ -766,3 +769,22 @@ async def test_start_that_awaits_while_its_session_closes_is_refused(cluster):
     # Not left open: the claim ends a window after the last request.
     await c.elapse(WINDOW)
     assert c.claim_owner(sid) is None
+
+
+async def test_a_receive_that_stalls_gets_408_and_other_cancellations_pass_through():
+    async def ready() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"x"}
+
+    async def never() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    assert await _receive_within(ready, 0.05) == {"type": "http.request", "body": b"x"}
+    await asyncio.sleep(0.1)  # no timer was left to cancel this task later
+    with pytest.raises(RequestTimeoutError):
+        await _receive_within(never, 0.05)
+    task = asyncio.ensure_future(_receive_within(never, 30))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
