@@ -61,6 +61,41 @@ class DrainableServer(Server):
         await super().startup(sockets)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(DRAIN_SIGNAL, self.begin_drain)
+        self._serve_handed_connections()
+
+    def _serve_handed_connections(self) -> None:
+        """Let the app serve connections other workers hand over, as this server's own."""
+        app = worker_app(self.config.loaded_app)
+        if app is None or app.handoff_listener is None:
+            return
+        from gym_sessions.server.http_protocol import BoundedHttpProtocol
+
+        config, state, app_state = self.config, self.server_state, self.lifespan.state
+        protocol_class: Any = config.http_protocol_class
+        cls = getattr(protocol_class, "func", protocol_class)  # a functools.partial
+        if not (isinstance(cls, type) and issubclass(cls, BoundedHttpProtocol)):
+            logger.warning(
+                "worker %s: connection handoff off (the HTTP protocol is not gym-sessions')",
+                app.worker_id,
+            )
+            return
+        if not cls.handoff_enabled:
+            import uvicorn
+
+            logger.warning(
+                "worker %s: connection handoff off (uvicorn %s is not a tested version): "
+                "requests are forwarded",
+                app.worker_id,
+                uvicorn.__version__,
+            )
+            return
+
+        def new_protocol() -> Any:
+            return protocol_class(config=config, server_state=state, app_state=app_state)
+
+        app.serve_handed_connections(
+            new_protocol, lambda: not self.should_exit and self._drain_task is None
+        )
 
     def begin_drain(self) -> None:
         """Stop accepting connections and new sessions; exit when the open sessions are done."""

@@ -10,15 +10,30 @@ import pytest
 from .cluster import Cluster, start_cluster
 
 
-@pytest.fixture
-async def start_clusters(short_tmp) -> AsyncIterator[Callable[..., Any]]:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of the hop's own machinery (its pool, its errors) run with handoff off only."""
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        handoff = callspec is not None and callspec.params.get("start_clusters") is True
+        hop_only = item.get_closest_marker("hop_only") is not None
+        (dropped if hop_only and handoff else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(params=[True, False], ids=["handoff", "hop"])
+async def start_clusters(request, short_tmp) -> AsyncIterator[Callable[..., Any]]:
     """``await start_clusters(server_class, n, clock=None, **settings)``; all stop at teardown.
 
     ``clock``: a `FakeClock` for the workers' claim windows (see `Cluster.elapse`).
+    Every test using it runs twice: connection handoff on, and off (the hop only).
     """
     made: list[Cluster] = []
 
     async def make(server_class: Any, n: int, **settings: Any) -> Cluster:
+        settings.setdefault("handoff", request.param)
         cluster = await start_cluster(server_class, n, short_tmp, **settings)
         made.append(cluster)
         return cluster
