@@ -24,7 +24,7 @@ import os
 import socket
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from gym_sessions.routing.handoff import (
     ACK_REFUSED,
@@ -60,8 +60,8 @@ class _ReplayFirst(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but are one.
+        self.transport = cast("asyncio.Transport", transport)
         inner = self.inner
         inner.connection_made(transport)
         inner.expect_replay(self.sender)
