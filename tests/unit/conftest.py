@@ -11,13 +11,16 @@ from .cluster import Cluster, start_cluster
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of the hop's own machinery (its pool, its errors) run with handoff off only."""
+    """Tests of the hop's own machinery (its pool, its errors) run with handoff off only,
+    tests of handoff (which turn it on themselves) once."""
     kept, dropped = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        handoff = callspec is not None and callspec.params.get("start_clusters") is True
-        hop_only = item.get_closest_marker("hop_only") is not None
-        (dropped if hop_only and handoff else kept).append(item)
+        handoff = None if callspec is None else callspec.params.get("start_clusters")
+        unwanted = (handoff is True and item.get_closest_marker("hop_only") is not None) or (
+            handoff is False and item.get_closest_marker("handoff_only") is not None
+        )
+        (dropped if unwanted else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
