@@ -94,6 +94,17 @@ class _ReplayFirst(asyncio.Protocol):
         self.inner.resume_writing()
 
 
+def _refusal(fds: int, flags: int, well_formed: bool) -> str | None:
+    """Why a message is refused whoever sent it, or ``None``."""
+    if fds != 1:
+        return f"{fds} descriptors (one expected)"
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        return "message or descriptors truncated"
+    if not well_formed:
+        return "malformed message"
+    return None
+
+
 class HandoffListener:
     """Takes handed-over client connections on the socket at ``path``.
 
@@ -219,14 +230,14 @@ class HandoffListener:
         Every descriptor not taken is closed here.
         """
         unpacked = unpack_message(message)
-        wanted = (
-            len(fds) == 1
-            and not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC)
-            and unpacked is not None
-            and self._new_protocol is not None
-            and self._accepting()
-            and self.takes(unpacked[0])
-        )
+        refusal = _refusal(len(fds), flags, unpacked is not None)
+        if refusal is None and (self._new_protocol is None or not self._accepting()):
+            refusal = "this worker serves no handed connection now (starting, draining, stopping)"
+        if refusal is None and unpacked is not None and not self.takes(unpacked[0]):
+            refusal = "this worker does not hold the session"
+        if refusal is not None:
+            logger.debug("handoff refused: %s", refusal)
+        wanted = refusal is None
         client = None
         if wanted:
             try:

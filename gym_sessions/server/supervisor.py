@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn import Server
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 __all__ = ["DRAIN_SIGNAL", "DrainableServer", "Supervisor"]
@@ -237,8 +238,32 @@ class Supervisor(Multiprocess):
 
     # Running -----------------------------------------------------------------------------
 
+    def _replace_dead_workers(self) -> None:
+        """Replace each worker that exited or stopped answering the health check.
+
+        uvicorn's own loop replaces them with its plain worker process, whose
+        server neither drains, watches its supervisor nor serves handed-over
+        connections: here the replacement is one of ours.
+        """
+        if self.should_exit.is_set():
+            return
+        for index, process in enumerate(self.processes):
+            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            process.kill()  # hung: it must not serve on beside its replacement
+            process.join()
+            if process.exitcode == STARTUP_FAILURE:
+                # It failed before serving: a replacement would fail the same way.
+                logger.error("worker [%s] failed to start: stopping the server", process.pid)
+                self.should_exit.set()
+                return
+            if self.should_exit.is_set():
+                return
+            logger.info("worker [%s] died: starting a replacement", process.pid)
+            self.processes[index] = self._new_process()
+
     def keep_subprocess_alive(self) -> None:
-        super().keep_subprocess_alive()
+        self._replace_dead_workers()
         now = time.monotonic()
         for entry in list(self.draining):
             process = entry.process
