@@ -72,6 +72,8 @@ class HopReason(enum.Enum):
 
     #: The request's protocol is not `BoundedHttpProtocol` (or not the tested uvicorn).
     PROTOCOL = "protocol"
+    #: The connection's first request: it may be its only one (`Handoff.from_request`).
+    FIRST_REQUEST = "first_request"
     #: Bytes of a further request were read (pipelined), or the connection is
     #: not plain, kept-alive HTTP/1.1 on a bare socket (TLS, upgrade, closing).
     NOT_DETACHABLE = "not_detachable"
@@ -204,7 +206,15 @@ class Handoff:
         socket_path: The handoff socket path of a worker id
             (`RuntimeDirectory.handoff_path`).
         counts: Where handoffs and hops are counted.
+
+    A connection is handed over from its `from_request`-th request on (2): a
+    connection's first request may well be its last (a client that connects
+    for each request), and for one request the hop costs less than moving
+    the connection (``benchmarks/README.md``, "Connection handoff").
     """
+
+    #: The first request of a connection that may be handed over (1: any).
+    from_request = 2
 
     def __init__(
         self, worker_id: str, socket_path: Callable[[str], str], counts: HandoffCounts
@@ -226,6 +236,8 @@ class Handoff:
         connection = scope.get(CONNECTION_SCOPE_KEY)
         if not isinstance(connection, BoundedHttpProtocol) or not connection.handoff_enabled:
             return self._hop(HopReason.PROTOCOL)
+        if connection.requests_begun < self.from_request:
+            return self._hop(HopReason.FIRST_REQUEST)
         if not connection.detachable(scope):
             return self._hop(HopReason.NOT_DETACHABLE)
         message = pack_message(session_id, self.worker_id, replay_bytes(scope, body))

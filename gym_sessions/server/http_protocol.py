@@ -90,6 +90,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._message_ended = False
         # The worker whose handed-over request is the next one parsed here, if any.
         self._replay_from: str | None = None
+        #: Requests begun on this connection (here: a handed one counts from its replay).
+        self.requests_begun = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -117,6 +119,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.requests_begun += 1
         self.scope[CONNECTION_SCOPE_KEY] = self  # type: ignore[literal-required]
         if self._replay_from is not None:
             self.scope[HANDED_IN_SCOPE_KEY] = self._replay_from  # type: ignore[literal-required]

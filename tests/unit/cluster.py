@@ -307,6 +307,9 @@ async def start_cluster(
     # second each time) protects nothing here. tests/e2e/test_operations.py
     # covers that wait with real processes.
     settings_kw.setdefault("graceful_timeout", 0.0)
+    # Every test request is on a new connection: let the first be handed over,
+    # so that routing tests exercise the handoff wherever they would hop.
+    handoff_from_request = settings_kw.pop("handoff_from_request", 1)
     settings = Settings(workers=n, secret=SECRET, routes_sessions_to_holder=routed, **settings_kw)
     runtime_dir = None
     if settings.routed and not settings.redis_claims:
@@ -317,6 +320,8 @@ async def start_cluster(
         server: ResourcesServer = make_server()
         worker_id = worker_ids[index] if worker_ids else f"w{index}-{os.urandom(3).hex()}"
         app = WorkerApp(server, settings, worker_id=worker_id)
+        if app.handoff is not None:
+            app.handoff.from_request = handoff_from_request
         if clock is not None:
             _use_clock(app, clock)
         worker = Worker(app, os.path.join(base, f"public-{index}-{os.urandom(3).hex()}.sock"))

@@ -113,6 +113,28 @@ async def test_kept_alive_connection_moves_once_then_is_served_by_the_holder(han
     assert (await _deliveries(c, 0))["handed_over"] == 0
 
 
+async def test_by_default_a_connection_moves_from_its_second_request(handoff_cluster):
+    c = await handoff_cluster(2, handoff_from_request=2)
+    cookie = await _seed(c, 0)
+    one_shot = await c[1].request("POST", "/touch", cookie=cookie)  # a new connection
+    assert one_shot.headers["x-gym-forwarded-by"] == c[1].id
+    connection = await RawConnection.to(c[1].public_path)
+    try:
+        replies = [await connection.call("POST", "/touch", cookie) for _ in range(3)]
+    finally:
+        await connection.close()
+    assert [body["count"] for _, _, body in replies] == [2, 3, 4]
+    assert replies[0][1]["x-gym-forwarded-by"] == c[1].id
+    assert replies[1][1]["x-gym-handed-over-by"] == c[1].id
+    assert "x-gym-handed-over-by" not in replies[2][1]
+    assert "x-gym-forwarded-by" not in replies[2][1]
+    assert await _deliveries(c, 1) == {
+        "handed_over": 1,
+        "hopped": 2,
+        "hop_reasons": {"first_request": 2},
+    }
+
+
 async def test_one_connection_carrying_many_sessions_is_routed_afresh_each_request(
     handoff_cluster,
 ):
