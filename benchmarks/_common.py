@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import http.client
 import json
 import os
@@ -259,8 +260,27 @@ def forward_transports() -> list[str | None]:
 
 
 def transport_args(transport: str | None) -> tuple[str, ...]:
-    """``serve`` arguments choosing ``transport`` (none for the built-in hop)."""
-    return () if transport is None else ("--forward-transport", transport)
+    """``serve`` arguments choosing ``transport`` (none for the built-in hop), handoff off."""
+    chosen = () if transport is None else ("--forward-transport", transport)
+    return chosen + hop_only_args()
+
+
+@functools.cache
+def hop_only_args() -> tuple[str, ...]:
+    """``serve`` arguments that turn connection handoff off, where the CLI has it.
+
+    Scripts that measure the hop itself (a request forwarded on every step of
+    a kept-alive connection) need it off: handoff would move the connection
+    to the holder after its first forwarded request.
+    """
+    shown = subprocess.run(
+        [sys.executable, "-m", "gym_sessions", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    ).stdout
+    return ("--handoff", "off") if "--handoff" in shown else ()
 
 
 def runtime_dir(server: Any) -> str:

@@ -252,9 +252,14 @@ class Handoff:
         connection.pause_for_handoff()
         try:
             answer = channel.send(message, client.fileno())
-        except OSError:
-            channel.close()
-            self._channels.pop(holder, None)
+        except OSError as exc:
+            if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+                # The holder closed its end: it answers none of the messages
+                # still open (their descriptors went with its socket).
+                channel.close()
+                self._channels.pop(holder, None)
+            # Otherwise (full: the holder is behind) the channel stays open:
+            # the holder will still answer, and may take, the messages it holds.
             connection.resume_after_refusal()
             return self._hop(HopReason.UNREACHABLE)
         try:

@@ -357,3 +357,15 @@ asyncio.run(main())
     answer, taken, refused = result.stdout.split()
     assert answer in ("b''", "ConnectionResetError", "BrokenPipeError")
     assert (taken, refused) == ("0", "0")
+
+
+async def test_an_untested_uvicorn_turns_handoff_off(handoff_cluster, monkeypatch):
+    from gym_sessions.server.http_protocol import BoundedHttpProtocol
+
+    # What `_uvicorn_tested()` gives on a uvicorn outside TESTED_UVICORN.
+    monkeypatch.setattr(BoundedHttpProtocol, "handoff_enabled", False)
+    c = await handoff_cluster(2)
+    cookie = await _seed(c, 0)
+    reply = await c[1].request("POST", "/touch", cookie=cookie)
+    assert reply.status == 200 and reply.headers["x-gym-forwarded-by"] == c[1].id
+    assert (await _deliveries(c, 1))["hop_reasons"] == {"protocol": 1}
