@@ -241,13 +241,7 @@ def forward_transports() -> list[str | None]:
 
     ``[None]`` when the CLI has no such option (one built-in hop).
     """
-    shown = subprocess.run(
-        [sys.executable, "-m", "gym_sessions", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    ).stdout
+    shown = _serve_help()
     found = re.search(r"--forward-transport \{([^}]*)\}", shown)
     if found is None:
         return [None]
@@ -273,14 +267,19 @@ def hop_only_args() -> tuple[str, ...]:
     a kept-alive connection) need it off: handoff would move the connection
     to the holder after its first forwarded request.
     """
-    shown = subprocess.run(
+    return ("--handoff", "off") if "--handoff" in _serve_help() else ()
+
+
+@functools.cache
+def _serve_help() -> str:
+    """What ``gym-sessions serve --help`` prints (the options this checkout offers)."""
+    return subprocess.run(
         [sys.executable, "-m", "gym_sessions", "serve", "--help"],
         capture_output=True,
         text=True,
         check=False,
         cwd=REPO,
     ).stdout
-    return ("--handoff", "off") if "--handoff" in shown else ()
 
 
 def runtime_dir(server: Any) -> str:
