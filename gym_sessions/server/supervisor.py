@@ -20,7 +20,10 @@ Signals to the supervisor:
 - SIGTTIN: one worker more. SIGTTOU: one worker fewer, drained (never below one).
 
 Workers watch their supervisor: if it dies (SIGKILL), they shut down within
-about a second rather than serve on as orphans.
+about a second rather than serve on as orphans. A worker that dies or stops
+answering the health check is replaced by a worker of this kind too (uvicorn's
+own loop would start its plain one, which neither drains nor takes handed-over
+connections).
 """
 
 from __future__ import annotations
