@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import http.client
 import json
 import os
@@ -240,13 +241,7 @@ def forward_transports() -> list[str | None]:
 
     ``[None]`` when the CLI has no such option (one built-in hop).
     """
-    shown = subprocess.run(
-        [sys.executable, "-m", "gym_sessions", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-    ).stdout
+    shown = _serve_help()
     found = re.search(r"--forward-transport \{([^}]*)\}", shown)
     if found is None:
         return [None]
@@ -259,8 +254,32 @@ def forward_transports() -> list[str | None]:
 
 
 def transport_args(transport: str | None) -> tuple[str, ...]:
-    """``serve`` arguments choosing ``transport`` (none for the built-in hop)."""
-    return () if transport is None else ("--forward-transport", transport)
+    """``serve`` arguments choosing ``transport`` (none for the built-in hop), handoff off."""
+    chosen = () if transport is None else ("--forward-transport", transport)
+    return chosen + hop_only_args()
+
+
+@functools.cache
+def hop_only_args() -> tuple[str, ...]:
+    """``serve`` arguments that turn connection handoff off, where the CLI has it.
+
+    Scripts that measure the hop itself (a request forwarded on every step of
+    a kept-alive connection) need it off: handoff would move the connection
+    to the holder after its first forwarded request.
+    """
+    return ("--handoff", "off") if "--handoff" in _serve_help() else ()
+
+
+@functools.cache
+def _serve_help() -> str:
+    """What ``gym-sessions serve --help`` prints (the options this checkout offers)."""
+    return subprocess.run(
+        [sys.executable, "-m", "gym_sessions", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    ).stdout
 
 
 def runtime_dir(server: Any) -> str:

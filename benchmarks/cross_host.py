@@ -239,7 +239,12 @@ def main() -> None:
             for _ in range(HOSTS)
         ]
         file_server = stack.enter_context(
-            start_server(TARGET, "--debug-worker-header", workers=WORKERS_PER_SERVER)
+            start_server(
+                TARGET,
+                "--debug-worker-header",
+                *_common.hop_only_args(),
+                workers=WORKERS_PER_SERVER,
+            )
         )
         registered = wait_for_registrations(redis_server.url, HOSTS * WORKERS_PER_SERVER)
 

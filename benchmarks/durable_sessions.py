@@ -145,7 +145,14 @@ def main() -> None:
             env, workers, durable = key
             flags = ("--durable-sessions",) if durable else ()
             server = stack.enter_context(
-                start_server(ENVS[env], *flags, *claims, workers=workers, secret=secret)
+                start_server(
+                    ENVS[env],
+                    *flags,
+                    *claims,
+                    *_common.hop_only_args(),
+                    workers=workers,
+                    secret=secret,
+                )
             )
             if claims:  # with Redis, ready means every worker registered
                 registered += workers

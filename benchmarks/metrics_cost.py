@@ -124,7 +124,9 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         fleets = {}
         for mode, flags in MODES.items():
-            server = stack.enter_context(start_server(TARGET, *flags, workers=WORKERS))
+            server = stack.enter_context(
+                start_server(TARGET, *flags, *_common.hop_only_args(), workers=WORKERS)
+            )
             fleets[mode] = Fleet(server)
             stack.callback(fleets[mode].close)
         batches = {}

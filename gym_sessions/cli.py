@@ -402,6 +402,15 @@ def _parser() -> argparse.ArgumentParser:
         "--private-host is loopback; required otherwise)",
     )
     serve_cmd.add_argument(
+        "--handoff",
+        choices=["on", "off"],
+        default="on" if Settings.handoff else "off",
+        help="with file claims (one host): a request reaching a worker that does not hold its "
+        "session hands its client connection to the holder, which serves that connection from "
+        "then on; off: every such request is forwarded over the holder's private socket "
+        f"(default {'on' if Settings.handoff else 'off'})",
+    )
+    serve_cmd.add_argument(
         "--claims-timeout",
         type=float,
         default=Settings.claims_timeout,
@@ -567,6 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics_token=metrics_token,
                 durable_sessions=args.durable_sessions,
                 max_snapshot_bytes=args.max_snapshot_bytes,
+                handoff=args.handoff == "on",
             )
             serve(args.target, settings, args.log_level, args.pid_file, env_kwargs)
         elif args.command == "reload":

@@ -122,6 +122,11 @@ class Settings:
             docs/design.md §3.14).
         max_snapshot_bytes: A session whose snapshot is larger is served but
             not durable (logged once per session).
+        handoff: With file claims (one host), a request that reaches a worker
+            not holding its session hands its client connection to the holder
+            (which then serves that connection) instead of forwarding it;
+            where that cannot be done safely the request is forwarded as with
+            ``False`` (docs/design.md §3.10.6).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
     """
 
@@ -156,6 +161,7 @@ class Settings:
     metrics_token: str = field(default="", repr=False)
     durable_sessions: bool = False
     max_snapshot_bytes: int = 8 * _MIB
+    handoff: bool = True
     runtime_dir: str | None = None
 
     def __post_init__(self) -> None:

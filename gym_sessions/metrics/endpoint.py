@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gym_sessions.errors import HTTPError, InvalidTokenError
 from gym_sessions.metrics.access import MetricsAccess
 from gym_sessions.metrics.recorder import CONTENT_TYPE, WorkerMetrics
+from gym_sessions.routing.handoff import GIVEN_AWAY_SCOPE_KEY
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
 from gym_sessions.routing.router import SERVED_SCOPE_KEY, Served, send_error
 
@@ -52,6 +53,8 @@ class MetricsMiddleware:
         def count() -> None:
             nonlocal counted
             counted = True
+            if scope.get(GIVEN_AWAY_SCOPE_KEY, False):
+                return  # the worker the connection was handed to counts the request
             served = scope.get(SERVED_SCOPE_KEY, Served.LOCAL)
             self.metrics.request_done(scope["path"], status, served)
 

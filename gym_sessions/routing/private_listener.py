@@ -330,6 +330,8 @@ class PrivateListener:
         self.connections = _ConnectionCap(max_connections) if max_connections else None
         self._state = ServerState()
         self._server: asyncio.base_events.Server | None = None
+        #: Makes this listener's protocol for one connection (once started).
+        self.new_protocol: Any = None
 
     async def start(self) -> None:
         """Start listening."""
@@ -347,6 +349,8 @@ class PrivateListener:
                 head_timeout=head_timeout,
                 cap=cap,
             )
+
+        self.new_protocol = protocol
 
         if self.path is not None:
             self._server = await loop.create_unix_server(

@@ -61,6 +61,7 @@ from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
 from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone
+from gym_sessions.routing.handoff import HANDED_IN_SCOPE_KEY, Handoff, HandoffCounts
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
 from gym_sessions.routing.request_session import (
@@ -81,6 +82,7 @@ from gym_sessions.routing.session_snapshots import SessionSnapshots
 
 __all__ = [
     "FORWARDED_BY_HEADER",
+    "HANDED_OVER_BY_HEADER",
     "NO_ROOM_HEADER",
     "SERVED_SCOPE_KEY",
     "WORKER_HEADER",
@@ -93,6 +95,8 @@ logger = logging.getLogger("gym_sessions.routing")
 
 WORKER_HEADER = b"x-gym-worker"
 FORWARDED_BY_HEADER = b"x-gym-forwarded-by"
+#: With the debug header, on the reply to a request whose connection was handed here.
+HANDED_OVER_BY_HEADER = b"x-gym-handed-over-by"
 #: On a private hop's 503: this worker is full, ask another (never reaches a client).
 NO_ROOM_HEADER = b"x-gym-no-room"
 
@@ -108,8 +112,8 @@ class Served(enum.Enum):
     LOCAL = "local"
     #: Another worker, over its private listener (§3.10).
     FORWARDED = "forwarded"
-    #: Reserved for the session handover of a later change (a session moved to
-    #: this worker on the way); nothing records it yet, its series stays 0.
+    #: This worker's app, for a request whose connection another worker handed
+    #: here (`gym_sessions.routing.handoff`); counted here, not by that worker.
     HANDED_OVER = "handed_over"
 
 
@@ -254,6 +258,8 @@ class SessionRouter:
             handler, and every forward, is.
         snapshots: Durable sessions (``--durable-sessions``): snapshots are
             written before replies, and a dead holder's sessions restored here.
+        handoff: Hand a request's connection to its holder before hopping
+            (``--handoff on``, one host); ``None``: always hop.
     """
 
     def __init__(
@@ -277,8 +283,12 @@ class SessionRouter:
         body_budget: BodyBudget | None = None,
         runs_to_completion: Collection[str] = (),
         snapshots: SessionSnapshots | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         self.app = app
+        self.handoff = handoff
+        #: Requests sent on to a holder: handed over or hopped (``/health``).
+        self.deliveries = handoff.counts if handoff is not None else HandoffCounts()
         self.runs_to_completion = frozenset(runs_to_completion)
         self.snapshots = snapshots
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
@@ -378,8 +388,14 @@ class SessionRouter:
         send: Send,
     ) -> None:
         sid = routed.session_id
+        handed_by = scope.get(HANDED_IN_SCOPE_KEY)
+        if handed_by is not None:
+            # Served here, as a hop's arrival is: its connection already moved once for it.
+            scope[SERVED_SCOPE_KEY] = Served.HANDED_OVER
+            if self.worker_header is not None:
+                send = _with_header(send, (HANDED_OVER_BY_HEADER, str(handed_by).encode()))
         try:
-            if not private and self.forwarder is not None:
+            if not private and handed_by is None and self.forwarder is not None:
                 if routed.claims_first:
                     if routed.starts and not self._take_room(routed):
                         await self._start_elsewhere(routed, scope, body, watch, send)
@@ -550,6 +566,12 @@ class SessionRouter:
         exited (a live but slow worker is never taken over).
         """
         assert self.forwarder is not None
+        if self.handoff is not None:
+            session_id = scope[REQUEST_SESSION_KEY].session_id
+            if await self.handoff.hand_over(holder, session_id, scope, body):
+                return True
+        else:
+            self.deliveries.hop(None)
         reply_send = send
         if start:
             # The holder may be full (it holds a closed session's claim): its

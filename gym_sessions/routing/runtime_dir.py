@@ -136,6 +136,10 @@ class RuntimeDirectory:
         """The private socket of ``worker_id``."""
         return os.path.join(self.workers_dir, f"{worker_id}.sock")
 
+    def handoff_path(self, worker_id: str) -> str:
+        """The handoff socket of ``worker_id`` (`gym_sessions.routing.handoff_listener`)."""
+        return os.path.join(self.workers_dir, f"{worker_id}.fds")
+
     def worker_ids(self) -> list[str]:
         """Ids of the workers whose private sockets exist (a killed worker's may linger)."""
         try:

@@ -15,7 +15,8 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -44,6 +45,8 @@ from gym_sessions.routing.body_budget import BodyBudget
 from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, make_forwarder
+from gym_sessions.routing.handoff import Handoff, HandoffCounts
+from gym_sessions.routing.handoff_listener import HandoffListener
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
 from gym_sessions.routing.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
 from gym_sessions.routing.redis_claims import (
@@ -154,6 +157,10 @@ class WorkerApp:
         self.forwarder: Forwarder | None = None
         self.forward_signer: ForwardSigner | None = None
         self.registry: WorkerRegistry | None = None
+        # Connection handoff (file claims only: descriptors cross no host).
+        self.handoff: Handoff | None = None
+        self.handoff_listener: HandoffListener | None = None
+        self._stopping = False
         self.redis_store: RedisClaimStore | None = None
         store: ClaimStore = LocalClaimStore()
         # Durable sessions need another worker to restore onto (a routed server).
@@ -195,6 +202,13 @@ class WorkerApp:
             store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id, file_snapshots)
             endpoints = UnixEndpoints(self.runtime_dir)
             self.forwarder = make_forwarder(endpoints)
+            if settings.handoff:
+                self.handoff = Handoff(
+                    self.worker_id, self.runtime_dir.handoff_path, HandoffCounts()
+                )
+                self.handoff_listener = HandoffListener(
+                    self.runtime_dir.handoff_path(self.worker_id), self._takes_connection
+                )
         # Others may take this worker's claims over once its registration has
         # expired and a reader or the reaper gave them an orphan's expiry: serve
         # them from memory only while that cannot have happened yet.
@@ -260,7 +274,10 @@ class WorkerApp:
             body_budget=BodyBudget(settings.max_inflight_body_bytes),
             runs_to_completion=server.runs_to_completion_paths,
             snapshots=self.snapshots,
+            handoff=self.handoff,
         )
+        if self.forwarder is not None:
+            server.deliveries = self.router.deliveries
         # Outermost: /metrics and the request counts, around the routing rule.
         self._entry: ASGIApp = self.router
         if self.metrics is not None:
@@ -292,6 +309,24 @@ class WorkerApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._entry(scope, receive, send)
 
+    def serve_handed_connections(
+        self, new_protocol: Callable[[], Any], accepting: Callable[[], bool]
+    ) -> None:
+        """Serve connections other workers hand here with the public server's protocol.
+
+        Called by the public server once it listens: ``new_protocol()`` makes
+        its protocol for one connection (with its config and connection set),
+        ``accepting()`` tells whether it still accepts connections. Without
+        this call every handoff is refused and requests reach here by the hop.
+        """
+        if self.handoff_listener is not None:
+            self.handoff_listener.attach(new_protocol, accepting)
+
+    def _takes_connection(self, session_id: str) -> bool:
+        """Whether a connection handed over for ``session_id`` is served here."""
+        claims = self.claims
+        return not self._stopping and claims.accepting_sessions and session_id in claims
+
     async def startup(self) -> None:
         """Start the claim sweep and, when routing, the private listener (and its registration)."""
         if self.runtime_dir is not None:
@@ -301,6 +336,8 @@ class WorkerApp:
                 max_head_bytes=self.settings.max_header_bytes + FORWARD_HEAD_ALLOWANCE,
             )
             await self._listener.start()
+            if self.handoff_listener is not None:
+                await self.handoff_listener.start()
         elif self.registry is not None:
             self._listener = PrivateListener(
                 self,
@@ -410,6 +447,11 @@ class WorkerApp:
 
     async def shutdown(self) -> None:
         """Stop background work and the private listener; release this worker's sessions."""
+        self._stopping = True  # no connection is taken from now on
+        if self.handoff_listener is not None:
+            await self.handoff_listener.stop()
+        if self.handoff is not None:
+            self.handoff.close()
         # The heartbeat first: a beat after the unregistration would register again.
         for task in self._background:
             task.cancel()

@@ -22,6 +22,7 @@ from gym_sessions.settings import Settings
 
 if TYPE_CHECKING:
     from gym_sessions.metrics.recorder import WorkerMetrics
+    from gym_sessions.routing.handoff import HandoffCounts
     from gym_sessions.routing.session_snapshots import SessionSnapshots
 
 __all__ = ["SessionServer"]
@@ -49,6 +50,8 @@ class SessionServer:
     operator_metrics: WorkerMetrics | None = None
     #: This worker's durable sessions (``--durable-sessions``), else ``None``.
     snapshots: SessionSnapshots | None = None
+    #: Requests this worker sent on to their holder, handed over or hopped (routed workers).
+    deliveries: HandoffCounts | None = None
 
     def bind(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
@@ -158,6 +161,7 @@ class SessionServer:
                     if self.snapshots is None
                     else {"restored_sessions": self.snapshots.restored_total}
                 ),
+                **({} if self.deliveries is None else {"deliveries": self.deliveries.as_json()}),
                 **self.metrics(),
             }
         )

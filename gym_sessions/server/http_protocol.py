@@ -14,13 +14,21 @@ read (256 KiB) per connection, and parses each byte once.
 Everything after the head (bodies, replies, keep-alive, pipelining) is
 uvicorn's own. The router still checks the parsed head's size (431) for
 requests that reach it by other paths (the private listeners).
+
+It is also the one protocol whose connections can be handed to another worker
+(`gym_sessions.routing.handoff`): each request's scope carries the connection
+(`CONNECTION_SCOPE_KEY`), which tells whether it can be given away now
+(`detachable`: nothing of a further request read) and gives it away
+(`give_away`); on the receiving side `expect_replay` marks the replayed request.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import MutableMapping
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gym_sessions.errors import (
@@ -30,8 +38,22 @@ from gym_sessions.errors import (
     error_body,
     error_headers,
 )
+from gym_sessions.routing.handoff import CONNECTION_SCOPE_KEY, HANDED_IN_SCOPE_KEY
 
-__all__ = ["BoundedHttpProtocol"]
+__all__ = ["TESTED_UVICORN", "BoundedHttpProtocol"]
+
+#: uvicorn versions whose protocol internals handoff was tested against
+#: (``cycle``, ``pipeline``, ``parser``, ``flow``, the scope made in ``on_message_begin``).
+TESTED_UVICORN = ((0, 54),)
+
+
+def _uvicorn_tested() -> bool:
+    try:
+        major, minor = (int(part) for part in uvicorn.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) in TESTED_UVICORN
+
 
 _REASONS = {
     408: b"Request Timeout",
@@ -43,6 +65,9 @@ _REASONS = {
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools HTTP/1.1 protocol with bounded request heads.
 
+    ``handoff_enabled`` is false on a uvicorn outside `TESTED_UVICORN`: its
+    connections are then never handed over (the router hops).
+
     Args:
         *args: As for uvicorn's ``HttpToolsProtocol``.
         max_head_bytes: Bytes a request head may take (request line and headers).
@@ -50,6 +75,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             start) until the head must be complete.
         **kwargs: As for uvicorn's ``HttpToolsProtocol``.
     """
+
+    handoff_enabled = _uvicorn_tested()
 
     def __init__(self, *args: Any, max_head_bytes: int, head_timeout: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -61,6 +88,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         # A message ended inside the chunk being parsed: the chunk is (mostly)
         # that message's body, not the next head, so it is not counted.
         self._message_ended = False
+        # The worker whose handed-over request is the next one parsed here, if any.
+        self._replay_from: str | None = None
+        #: Requests begun on this connection (here: a handed one counts from its replay).
+        self.requests_begun = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -69,6 +100,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
         super().connection_lost(exc)
+        if self.scope is not None:
+            self.scope.pop(CONNECTION_SCOPE_KEY, None)  # type: ignore[misc]  # no cycle to collect
 
     def data_received(self, data: bytes) -> None:
         self._message_ended = False
@@ -86,6 +119,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.requests_begun += 1
+        self.scope[CONNECTION_SCOPE_KEY] = self  # type: ignore[literal-required]
+        if self._replay_from is not None:
+            self.scope[HANDED_IN_SCOPE_KEY] = self._replay_from  # type: ignore[literal-required]
+            self._replay_from = None
         self._head_bytes = 0
         if self._head_timer is None:
             self._arm_head_timer()
@@ -135,3 +173,64 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 % (error.status, _REASONS[error.status], len(body), extra, body)
             )
         self.transport.close()
+
+    # Handoff (gym_sessions.routing.handoff) ----------------------------------------------
+
+    def detachable(self, scope: MutableMapping[str, Any]) -> bool:
+        """Whether this connection can be given away with the request of ``scope``.
+
+        Only while that request is the last one begun, its body was read to
+        the end, nothing of a further request was read (no pipelined request
+        queued, no byte after the body: httptools begins the next message as
+        soon as its first byte is parsed), on plain HTTP/1.1 that stays open,
+        not asking for an upgrade, and on a transport that is a bare socket (TLS is not).
+        """
+        cycle = self.cycle
+        transport = self.transport
+        return (
+            cycle is not None
+            and cycle.scope is scope
+            and not cycle.more_body
+            and not cycle.body
+            and not cycle.response_started
+            and not cycle.disconnected
+            and cycle.keep_alive
+            and not self.pipeline
+            and self.scope is scope  # no further request begun (it would have a scope of its own)
+            and scope.get("http_version") == "1.1"
+            and not self.parser.should_upgrade()
+            and transport is not None
+            and not transport.is_closing()
+            and transport.get_extra_info("sslcontext") is None
+            and transport.get_extra_info("socket") is not None
+        )
+
+    def pause_for_handoff(self) -> None:
+        """Read nothing more from the client while the connection is offered to another worker."""
+        self.transport.pause_reading()
+
+    def resume_after_refusal(self) -> None:
+        """The other worker did not take the connection: this one serves it on."""
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def silence(self) -> None:
+        """uvicorn writes nothing more for the current request (another worker may answer it)."""
+        self.cycle.disconnected = True
+
+    def give_away(self) -> None:
+        """Let go of the connection another worker now holds a descriptor of.
+
+        The request is marked disconnected first, so uvicorn neither answers
+        it (its 500 for an app that sent nothing) nor logs it; then the
+        transport closes this worker's descriptor without a shutdown or a
+        reset: the connection lives on in the other worker.
+        """
+        self.silence()
+        self.cycle.keep_alive = False
+        self._disarm_head_timer()
+        self.transport.abort()
+
+    def expect_replay(self, sender: str) -> None:
+        """The next request parsed here is the replay of one ``sender`` handed over."""
+        self._replay_from = sender

@@ -20,7 +20,10 @@ Signals to the supervisor:
 - SIGTTIN: one worker more. SIGTTOU: one worker fewer, drained (never below one).
 
 Workers watch their supervisor: if it dies (SIGKILL), they shut down within
-about a second rather than serve on as orphans.
+about a second rather than serve on as orphans. A worker that dies or stops
+answering the health check is replaced by a worker of this kind too (uvicorn's
+own loop would start its plain one, which neither drains nor takes handed-over
+connections).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn import Server
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 __all__ = ["DRAIN_SIGNAL", "DrainableServer", "Supervisor"]
@@ -61,6 +65,41 @@ class DrainableServer(Server):
         await super().startup(sockets)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(DRAIN_SIGNAL, self.begin_drain)
+        self._serve_handed_connections()
+
+    def _serve_handed_connections(self) -> None:
+        """Let the app serve connections other workers hand over, as this server's own."""
+        app = worker_app(self.config.loaded_app)
+        if app is None or app.handoff_listener is None:
+            return
+        from gym_sessions.server.http_protocol import BoundedHttpProtocol
+
+        config, state, app_state = self.config, self.server_state, self.lifespan.state
+        protocol_class: Any = config.http_protocol_class
+        cls = getattr(protocol_class, "func", protocol_class)  # a functools.partial
+        if not (isinstance(cls, type) and issubclass(cls, BoundedHttpProtocol)):
+            logger.warning(
+                "worker %s: connection handoff off (the HTTP protocol is not gym-sessions')",
+                app.worker_id,
+            )
+            return
+        if not cls.handoff_enabled:
+            import uvicorn
+
+            logger.warning(
+                "worker %s: connection handoff off (uvicorn %s is not a tested version): "
+                "requests are forwarded",
+                app.worker_id,
+                uvicorn.__version__,
+            )
+            return
+
+        def new_protocol() -> Any:
+            return protocol_class(config=config, server_state=state, app_state=app_state)
+
+        app.serve_handed_connections(
+            new_protocol, lambda: not self.should_exit and self._drain_task is None
+        )
 
     def begin_drain(self) -> None:
         """Stop accepting connections and new sessions; exit when the open sessions are done."""
@@ -202,8 +241,32 @@ class Supervisor(Multiprocess):
 
     # Running -----------------------------------------------------------------------------
 
+    def _replace_dead_workers(self) -> None:
+        """Replace each worker that exited or stopped answering the health check.
+
+        uvicorn's own loop replaces them with its plain worker process, whose
+        server neither drains, watches its supervisor nor serves handed-over
+        connections: here the replacement is one of ours.
+        """
+        if self.should_exit.is_set():
+            return
+        for index, process in enumerate(self.processes):
+            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            process.kill()  # hung: it must not serve on beside its replacement
+            process.join()
+            if process.exitcode == STARTUP_FAILURE:
+                # It failed before serving: a replacement would fail the same way.
+                logger.error("worker [%s] failed to start: stopping the server", process.pid)
+                self.should_exit.set()
+                return
+            if self.should_exit.is_set():
+                return
+            logger.info("worker [%s] died: starting a replacement", process.pid)
+            self.processes[index] = self._new_process()
+
     def keep_subprocess_alive(self) -> None:
-        super().keep_subprocess_alive()
+        self._replace_dead_workers()
         now = time.monotonic()
         for entry in list(self.draining):
             process = entry.process

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -17,10 +19,37 @@ COUNTER = "envs.counter:CounterEnv"
 EPISODES = 200
 WINDOW = "2"
 
+# The routing rule with connection handoff on, over a pool of kept-alive
+# connections that each carry many sessions (so connections really move), and
+# off, with a new connection per request (every routed request hopped).
+DELIVERY = pytest.mark.parametrize(
+    "handoff", [True, False], ids=["handoff_kept_alive", "hop_fresh_connections"]
+)
 
-def test_four_routed_workers_score_every_episode_and_leave_no_claims(serve):
-    server = serve(COUNTER, "--window", WINDOW, workers=4)
-    episodes = asyncio.run(play_all(server.url, make_episodes(EPISODES, seed=1)))
+
+def serve_routed(serve, handoff: bool):
+    return serve(COUNTER, "--window", WINDOW, "--handoff", "on" if handoff else "off", workers=4)
+
+
+def deliveries(url: str, workers: int = 4, among: str | None = None) -> dict[str, dict]:
+    """Each worker's ``/health`` deliveries: new connections until ``workers`` answered
+    (and ``among`` is one of them)."""
+    seen: dict[str, dict] = {}
+    for _ in range(400):
+        with urllib.request.urlopen(url + "/health", timeout=10) as reply:
+            health = json.load(reply)
+        seen[health["worker"]] = health["deliveries"]
+        if len(seen) >= workers and (among is None or among in seen):
+            break
+    return seen
+
+
+@DELIVERY
+def test_four_routed_workers_score_every_episode_and_leave_no_claims(serve, handoff):
+    server = serve_routed(serve, handoff)
+    episodes = asyncio.run(
+        play_all(server.url, make_episodes(EPISODES, seed=1), fresh_connections=not handoff)
+    )
     rewards = [e.reward for e in episodes]
     assert rewards.count(1.0) == EPISODES, [e.error_codes for e in episodes if e.reward != 1.0][:5]
     assert all(status == 200 for e in episodes for status in e.statuses)
@@ -30,11 +59,16 @@ def test_four_routed_workers_score_every_episode_and_leave_no_claims(serve):
     while server.claim_files() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert server.claim_files() == []
+    handed = sum(d["handed_over"] for d in deliveries(server.url).values())
+    assert handed > 0 if handoff else handed == 0
 
 
-def test_untyped_starts_route_by_the_minted_cookie(serve):
-    server = serve(COUNTER, "--window", WINDOW, workers=4)
-    episodes = asyncio.run(play_all(server.url, make_episodes(100, seed=2), typed=False))
+@DELIVERY
+def test_untyped_starts_route_by_the_minted_cookie(serve, handoff):
+    server = serve_routed(serve, handoff)
+    episodes = asyncio.run(
+        play_all(server.url, make_episodes(100, seed=2), typed=False, fresh_connections=not handoff)
+    )
     assert [e.reward for e in episodes].count(1.0) == 100
 
 
@@ -55,8 +89,9 @@ def test_one_worker_scores_every_episode(serve):
     assert [e.reward for e in episodes].count(1.0) == EPISODES
 
 
-def test_sigkilled_worker_gives_exactly_its_sessions_410(serve):
-    server = serve(COUNTER, "--window", WINDOW, workers=4)
+@DELIVERY
+def test_sigkilled_worker_gives_exactly_its_sessions_410(serve, handoff):
+    server = serve_routed(serve, handoff)
     (runtime_dir,) = server.runtime_dirs()
     episodes = make_episodes(80, seed=3)
     cookies: dict[str, str] = {}
@@ -85,7 +120,7 @@ def test_sigkilled_worker_gives_exactly_its_sessions_410(serve):
         await request(client, "/close_session", e, {"resources_session_id": e.session_id})
 
     async def scenario():
-        async with client_session() as client:
+        async with client_session(fresh_connections=not handoff) as client:
             await asyncio.gather(*[start(client, e) for e in episodes])
             owners = {e.session_id: claim_owner(runtime_dir, e.session_id) for e in episodes}
             victim = max(set(owners.values()), key=list(owners.values()).count)

@@ -124,6 +124,9 @@ class Worker:
     async def start(self) -> None:
         await self.app.startup()
         await self.listener.start()
+        # The test's public listener serves connections handed to this worker,
+        # as a worker's uvicorn server does (`DrainableServer`).
+        self.app.serve_handed_connections(self.listener.new_protocol, lambda: True)
         self.client = _client(self.public_path)
 
     async def stop(self) -> None:
@@ -142,9 +145,15 @@ class Worker:
         """
         for task in self.app._background:
             task.cancel()
+        await self.stop_listening()
+
+    async def stop_listening(self) -> None:
+        """Close every socket this worker listens on: public, private and handoff."""
+        await self.listener.stop()
         assert self.app._listener is not None
         await self.app._listener.stop()
-        await self.listener.stop()
+        if self.app.handoff_listener is not None:
+            await self.app.handoff_listener.stop()
 
     async def request(
         self,
@@ -161,10 +170,13 @@ class Worker:
 
 
 def _client(path: str) -> aiohttp.ClientSession:
-    # force_close: every request on a new connection, as in the e2e tests.
+    # force_close: every request on a new connection, as in the e2e tests. Each
+    # asks for keep-alive all the same (aiohttp would say "Connection: close"),
+    # so a worker may hand the connection to the session's holder (handoff).
     return aiohttp.ClientSession(
         connector=aiohttp.UnixConnector(path=path, force_close=True),
         cookie_jar=aiohttp.DummyCookieJar(),
+        headers={"Connection": "keep-alive"},
     )
 
 
@@ -295,6 +307,9 @@ async def start_cluster(
     # second each time) protects nothing here. tests/e2e/test_operations.py
     # covers that wait with real processes.
     settings_kw.setdefault("graceful_timeout", 0.0)
+    # Every test request is on a new connection: let the first be handed over,
+    # so that routing tests exercise the handoff wherever they would hop.
+    handoff_from_request = settings_kw.pop("handoff_from_request", 1)
     settings = Settings(workers=n, secret=SECRET, routes_sessions_to_holder=routed, **settings_kw)
     runtime_dir = None
     if settings.routed and not settings.redis_claims:
@@ -305,6 +320,8 @@ async def start_cluster(
         server: ResourcesServer = make_server()
         worker_id = worker_ids[index] if worker_ids else f"w{index}-{os.urandom(3).hex()}"
         app = WorkerApp(server, settings, worker_id=worker_id)
+        if app.handoff is not None:
+            app.handoff.from_request = handoff_from_request
         if clock is not None:
             _use_clock(app, clock)
         worker = Worker(app, os.path.join(base, f"public-{index}-{os.urandom(3).hex()}.sock"))

@@ -10,15 +10,33 @@ import pytest
 from .cluster import Cluster, start_cluster
 
 
-@pytest.fixture
-async def start_clusters(short_tmp) -> AsyncIterator[Callable[..., Any]]:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of the hop's own machinery (its pool, its errors) run with handoff off only,
+    tests of handoff (which turn it on themselves) once."""
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        handoff = None if callspec is None else callspec.params.get("start_clusters")
+        unwanted = (handoff is True and item.get_closest_marker("hop_only") is not None) or (
+            handoff is False and item.get_closest_marker("handoff_only") is not None
+        )
+        (dropped if unwanted else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(params=[True, False], ids=["handoff", "hop"])
+async def start_clusters(request, short_tmp) -> AsyncIterator[Callable[..., Any]]:
     """``await start_clusters(server_class, n, clock=None, **settings)``; all stop at teardown.
 
     ``clock``: a `FakeClock` for the workers' claim windows (see `Cluster.elapse`).
+    Every test using it runs twice: connection handoff on, and off (the hop only).
     """
     made: list[Cluster] = []
 
     async def make(server_class: Any, n: int, **settings: Any) -> Cluster:
+        settings.setdefault("handoff", request.param)
         cluster = await start_cluster(server_class, n, short_tmp, **settings)
         made.append(cluster)
         return cluster

@@ -148,8 +148,7 @@ async def test_agent_session_of_an_exited_worker_gets_410(agents):
     sid = new_id()
     seeded = await seed(c[1], sid)
     path = c.runtime_dir.socket_path(c[1].id)
-    await c[1].listener.stop()
-    await c[1].app._listener.stop()
+    await c[1].stop_listening()
     with socket.socket(socket.AF_UNIX) as stale:
         stale.bind(path)  # a killed worker leaves its socket file; connecting is refused
         for reply in (

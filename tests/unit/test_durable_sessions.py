@@ -373,6 +373,8 @@ async def crash(worker: Any) -> None:
         task.cancel()
     assert worker.app._listener is not None
     await worker.app._listener.stop()
+    if worker.app.handoff_listener is not None:
+        await worker.app.handoff_listener.stop()
 
 
 def registration_key(worker: Any) -> str:

@@ -81,6 +81,7 @@ async def test_out_of_descriptors_reading_a_claim_is_a_json_503(cluster, monkeyp
     assert again.status == 200 and again.json["worker"] == c[0].id
 
 
+@pytest.mark.hop_only
 async def test_out_of_descriptors_reaching_a_worker_is_not_taken_for_its_death(cluster):
     c = await cluster(2)
     start = await c[0].request("POST", "/seed_session", {})
@@ -112,6 +113,7 @@ async def test_an_unexpected_failure_in_routing_is_a_json_500(cluster, monkeypat
     assert (await c[1].request("GET", "/health")).status == 200
 
 
+@pytest.mark.hop_only
 async def test_idle_hop_connections_are_closed(cluster, monkeypatch):
     monkeypatch.setattr(stream_forwarder, "_IDLE_CLOSE_SECONDS", 0.3)
     c = await cluster(2)

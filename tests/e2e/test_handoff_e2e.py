@@ -1,0 +1,215 @@
+"""Connection handoff with real ``gym-sessions serve --workers 4`` processes (one host)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+
+import pytest
+
+from envs.counter_load import make_episodes, play_all
+from gym_sessions.server.process import start_server
+from tests.conftest import require_or_skip
+from tests.services import run_nginx
+
+from .test_routing_e2e import COUNTER, deliveries
+
+pytestmark = pytest.mark.e2e
+
+
+def _serve(serve, *args: str):
+    return serve(COUNTER, "--debug-worker-header", "--handoff", "on", *args, workers=4)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One 4-worker server with handoff on for the tests that leave every worker running."""
+    tmpdir = tempfile.mkdtemp(prefix="gs-", dir="/tmp")
+    started = start_server(
+        COUNTER, "--debug-worker-header", "--handoff", "on", workers=4, tmpdir=tmpdir
+    )
+    try:
+        yield started
+    finally:
+        started.stop()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _totals(url: str) -> dict[str, int]:
+    counts = deliveries(url).values()
+    return {key: sum(c[key] for c in counts) for key in ("handed_over", "hopped")}
+
+
+class Client:
+    """One kept-alive HTTP/1.1 connection (``http.client``) to the server."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.split("//", 1)[1].split(":")
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=30)
+
+    def post(self, path: str, body: dict, cookie: str | None = None):
+        headers = {"content-type": "application/json"}
+        if cookie is not None:
+            headers["cookie"] = cookie
+        self.connection.request("POST", path, body=json.dumps(body), headers=headers)
+        reply = self.connection.getresponse()
+        return reply.status, {k.lower(): v for k, v in reply.getheaders()}, json.loads(reply.read())
+
+    def accepted_by(self) -> str:
+        """The worker this connection is on now (``/health`` is always served where it lands)."""
+        self.connection.request("GET", "/health")
+        reply = self.connection.getresponse()
+        return json.loads(reply.read())["worker"]
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _start(url: str, initial: int = 0) -> tuple[str, str]:
+    """A new session on whichever worker accepts: (its cookie, its holder)."""
+    client = Client(url)
+    try:
+        status, headers, _ = client.post("/reset", {"options": {"initial_count": initial}})
+        assert status == 200
+        return headers["set-cookie"].split(";", 1)[0], headers["x-gym-worker"]
+    finally:
+        client.close()
+
+
+def _connection_not_on(url: str, workers: set[str]) -> tuple[Client, str]:
+    for _ in range(200):
+        client = Client(url)
+        worker = client.accepted_by()
+        if worker not in workers:
+            return client, worker
+        client.close()
+    raise AssertionError(f"no connection landed outside {workers}")
+
+
+def test_kept_alive_connection_is_handed_over_once_then_served_by_the_holder(server):
+    before = _totals(server.url)
+    cookie, holder = _start(server.url)
+    client, acceptor = _connection_not_on(server.url, {holder})
+    try:
+        status, headers, body = client.post("/step", {"action": 1}, cookie)
+        assert status == 200 and body["observation"] == 1
+        assert headers["x-gym-worker"] == holder
+        assert headers.get("x-gym-handed-over-by") == acceptor, deliveries(server.url)
+        assert "x-gym-forwarded-by" not in headers
+        for count in range(2, 12):
+            status, headers, body = client.post("/step", {"action": 1}, cookie)
+            assert status == 200 and body["observation"] == count
+            assert headers["x-gym-worker"] == holder
+            assert "x-gym-handed-over-by" not in headers and "x-gym-forwarded-by" not in headers
+        assert client.accepted_by() == holder
+    finally:
+        client.close()
+    after = _totals(server.url)
+    assert after == {"handed_over": before["handed_over"] + 1, "hopped": before["hopped"]}
+
+
+def test_pipelined_requests_are_hopped_and_the_last_one_hands_over(server):
+    cookie, holder = _start(server.url)
+    client, acceptor = _connection_not_on(server.url, {holder})
+    before = deliveries(server.url, among=acceptor)[acceptor]
+    sock = client.connection.sock
+    body = json.dumps({"action": 1}).encode()
+    step = (
+        b"POST /step HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"cookie: %s\r\ncontent-length: %d\r\n\r\n%s" % (cookie.encode(), len(body), body)
+    )
+    try:
+        sock.sendall(step * 3)  # one write: the acceptor reads them all at once
+        replies = []
+        for _ in range(3):
+            reply = http.client.HTTPResponse(sock)
+            reply.begin()
+            replies.append(
+                ({k.lower(): v for k, v in reply.getheaders()}, json.loads(reply.read()))
+            )
+    finally:
+        client.close()
+    assert [data["observation"] for _, data in replies] == [1, 2, 3]
+    forwarded_by = [h.get("x-gym-forwarded-by") for h, _ in replies]
+    assert forwarded_by == [acceptor, acceptor, None], deliveries(server.url)
+    assert replies[2][0]["x-gym-handed-over-by"] == acceptor
+    after = deliveries(server.url, among=acceptor)[acceptor]
+    assert after["handed_over"] == before["handed_over"] + 1
+    assert after["hopped"] == before["hopped"] + 2
+    not_detachable = after["hop_reasons"]["not_detachable"]
+    assert not_detachable == before["hop_reasons"].get("not_detachable", 0) + 2
+
+
+def test_nginx_upstream_pool_carries_many_sessions_and_every_episode_scores(server):
+    require_or_skip("nginx", "nginx")
+    before = _totals(server.url)
+    with run_nginx([server.url], workers="1") as proxy:
+        # A kept-alive pool on each side: nginx's upstream connections carry
+        # requests of every session, and move between workers as they go.
+        episodes = asyncio.run(
+            play_all(proxy.url, make_episodes(150, seed=7), fresh_connections=False)
+        )
+    rewards = [e.reward for e in episodes]
+    assert rewards.count(1.0) == len(episodes), [e.error_codes for e in episodes][:5]
+    assert all(status == 200 for e in episodes for status in e.statuses)
+    assert _totals(server.url)["handed_over"] > before["handed_over"]
+
+
+def test_holder_killed_while_a_handoff_waits_costs_only_its_own_sessions(serve):
+    server = _serve(serve)
+    (runtime_dir,) = server.runtime_dirs()
+    sessions = [_start(server.url, initial=10 * i) for i in range(12)]
+    holders = {holder for _, holder in sessions}
+    assert len(holders) > 1
+    victim = sessions[0][1]
+    client, acceptor = _connection_not_on(server.url, {victim})
+    victim_pid = int(victim.split("-")[0])
+    os.kill(victim_pid, signal.SIGSTOP)  # its loop cannot answer the handoff
+    try:
+        headers = {"content-type": "application/json", "cookie": sessions[0][0]}
+        client.connection.request("POST", "/step", body=b'{"action": 1}', headers=headers)
+        # The descriptor is in the stopped holder's queue by now (or the
+        # acceptor's wait for it to answer has begun); then the holder dies.
+        handoff_socket = os.path.join(runtime_dir, "workers", f"{victim}.fds")
+        assert os.path.exists(handoff_socket)
+        time.sleep(0.5)
+    finally:
+        os.kill(victim_pid, signal.SIGKILL)
+    reply = client.connection.getresponse()
+    gone = json.loads(reply.read())
+    assert reply.status == 410 and gone["error"]["code"] == "session_gone"
+    try:
+        # The connection lives on at the acceptor, and every other session is intact.
+        for index, (cookie, holder) in enumerate(sessions):
+            if holder == victim:
+                continue
+            status, _, body = client.post("/step", {"action": 1}, cookie)
+            assert status == 200 and body["observation"] == 10 * index + 1
+    finally:
+        client.close()
+    assert deliveries(server.url, among=acceptor)[acceptor]["hop_reasons"].get("lost") == 1
+
+
+def test_handoff_off_keeps_the_hop(serve):
+    server = serve(COUNTER, "--debug-worker-header", "--handoff", "off", workers=4)
+    cookie, holder = _start(server.url)
+    client, acceptor = _connection_not_on(server.url, {holder})
+    try:
+        for count in range(1, 4):
+            status, headers, body = client.post("/step", {"action": 1}, cookie)
+            assert status == 200 and body["observation"] == count
+            assert headers["x-gym-forwarded-by"] == acceptor
+            assert "x-gym-handed-over-by" not in headers
+        assert client.accepted_by() == acceptor
+    finally:
+        client.close()
+    assert deliveries(server.url)[acceptor] == {"handed_over": 0, "hopped": 3, "hop_reasons": {}}
+    assert not any(
+        name.endswith(".fds") for name in os.listdir(server.runtime_dirs()[0] + "/workers")
+    )

@@ -1,0 +1,371 @@
+"""Connection handoff with in-process workers: real Unix sockets, real uvicorn protocols.
+
+Each client here is a raw kept-alive HTTP/1.1 connection to one worker's public
+listener, so a test knows which worker accepted it and sees every byte.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from gym_sessions.routing.handoff import ACK_REFUSED, pack_message, replay_bytes
+from gym_sessions.routing.handoff_listener import HandoffListener
+
+from .cluster import Cluster, new_id, wait_until
+from .probe_server import ProbeServer
+
+# Each cluster test here turns handoff on itself: its copy with handoff off is not run.
+pytestmark = pytest.mark.handoff_only
+
+
+class RawConnection:
+    """One kept-alive HTTP/1.1 connection; replies parsed by hand (content-length only)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def to(cls, path: str) -> RawConnection:
+        return cls(*await asyncio.open_unix_connection(path))
+
+    @staticmethod
+    def request(method: str, path: str, cookie: str | None = None, body: bytes = b"") -> bytes:
+        head = [f"{method} {path} HTTP/1.1", "Host: worker", f"Content-Length: {len(body)}"]
+        if cookie is not None:
+            head.append(f"Cookie: gym_session={cookie}")
+        return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+    async def send(self, *requests: bytes) -> None:
+        self.writer.write(b"".join(requests))  # several: pipelined in one write
+        await self.writer.drain()
+
+    async def reply(self) -> tuple[int, dict[str, str], Any]:
+        status_line = await self.reader.readuntil(b"\r\n")
+        headers: dict[str, str] = {}
+        while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await self.reader.readexactly(int(headers.get("content-length", "0")))
+        return int(status_line.split()[1]), headers, json.loads(body) if body else None
+
+    async def call(self, method: str, path: str, cookie: str | None = None) -> Any:
+        await self.send(self.request(method, path, cookie))
+        return await self.reply()
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+@pytest.fixture
+def handoff_cluster(start_clusters):
+    async def make(n: int = 2, **kw: Any) -> Cluster:
+        kw.setdefault("debug_worker_header", True)
+        kw["handoff"] = True
+        return await start_clusters(ProbeServer, n, **kw)
+
+    return make
+
+
+async def _seed(c: Cluster, index: int) -> str:
+    start = await c[index].request("POST", "/seed_session", {"resources_session_id": new_id()})
+    assert start.status == 200 and start.json["worker"] == c[index].id
+    assert start.cookie is not None
+    return start.cookie
+
+
+async def _deliveries(c: Cluster, index: int) -> dict[str, Any]:
+    health = await c[index].request("GET", "/health")
+    assert health.json["worker"] == c[index].id
+    return health.json["deliveries"]
+
+
+async def test_kept_alive_connection_moves_once_then_is_served_by_the_holder(handoff_cluster):
+    c = await handoff_cluster(2)
+    cookie = await _seed(c, 0)
+    connection = await RawConnection.to(c[1].public_path)
+    try:
+        status, headers, body = await connection.call("POST", "/touch", cookie)
+        assert status == 200 and body["count"] == 1
+        assert headers["x-gym-worker"] == c[0].id
+        assert headers["x-gym-handed-over-by"] == c[1].id
+        assert "x-gym-forwarded-by" not in headers
+        for count in range(2, 6):
+            status, headers, body = await connection.call("POST", "/touch", cookie)
+            assert status == 200 and body["count"] == count
+            # Served where the connection now is: no hop, no second handoff.
+            assert headers["x-gym-worker"] == c[0].id
+            assert "x-gym-handed-over-by" not in headers
+            assert "x-gym-forwarded-by" not in headers
+    finally:
+        await connection.close()
+    assert await _deliveries(c, 1) == {"handed_over": 1, "hopped": 0, "hop_reasons": {}}
+    assert (await _deliveries(c, 0))["handed_over"] == 0
+
+
+async def test_by_default_a_connection_moves_from_its_second_request(handoff_cluster):
+    c = await handoff_cluster(2, handoff_from_request=2)
+    cookie = await _seed(c, 0)
+    one_shot = await c[1].request("POST", "/touch", cookie=cookie)  # a new connection
+    assert one_shot.headers["x-gym-forwarded-by"] == c[1].id
+    connection = await RawConnection.to(c[1].public_path)
+    try:
+        replies = [await connection.call("POST", "/touch", cookie) for _ in range(3)]
+    finally:
+        await connection.close()
+    assert [body["count"] for _, _, body in replies] == [2, 3, 4]
+    assert replies[0][1]["x-gym-forwarded-by"] == c[1].id
+    assert replies[1][1]["x-gym-handed-over-by"] == c[1].id
+    assert "x-gym-handed-over-by" not in replies[2][1]
+    assert "x-gym-forwarded-by" not in replies[2][1]
+    assert await _deliveries(c, 1) == {
+        "handed_over": 1,
+        "hopped": 2,
+        "hop_reasons": {"first_request": 2},
+    }
+
+
+async def test_one_connection_carrying_many_sessions_is_routed_afresh_each_request(
+    handoff_cluster,
+):
+    c = await handoff_cluster(3)
+    cookies = [await _seed(c, index) for index in range(3)]
+    connection = await RawConnection.to(c[0].public_path)
+    at = 0  # the worker holding the connection
+    moves = 0
+    try:
+        for _ in range(4):
+            for index in (2, 1, 0, 1):
+                status, headers, _ = await connection.call("POST", "/touch", cookies[index])
+                assert status == 200 and headers["x-gym-worker"] == c[index].id
+                if index != at:
+                    # Moved once, by the worker that had it, and served there.
+                    assert headers["x-gym-handed-over-by"] == c[at].id
+                    moves += 1
+                    at = index
+                else:
+                    assert "x-gym-handed-over-by" not in headers
+                assert "x-gym-forwarded-by" not in headers
+        counts = [c[index].server.counts for index in range(3)]
+        assert [len(count) for count in counts] == [1, 1, 1]
+        assert [next(iter(count.values())) for count in counts] == [4, 8, 4]
+    finally:
+        await connection.close()
+    handed = sum([(await _deliveries(c, index))["handed_over"] for index in range(3)])
+    assert handed == moves
+
+
+async def test_pipelined_requests_are_hopped_until_none_is_buffered(handoff_cluster):
+    c = await handoff_cluster(2)
+    cookie = await _seed(c, 0)
+    connection = await RawConnection.to(c[1].public_path)
+    touch = RawConnection.request("POST", "/touch", cookie)
+    try:
+        await connection.send(touch, touch, touch)
+        replies = [await connection.reply() for _ in range(3)]
+    finally:
+        await connection.close()
+    assert [body["count"] for _, _, body in replies] == [1, 2, 3]
+    # Behind the first two a further request was already read: hopped. The
+    # last had nothing behind it: its connection was handed over.
+    assert [h.get("x-gym-forwarded-by") for _, h, _ in replies] == [c[1].id, c[1].id, None]
+    assert replies[2][1]["x-gym-handed-over-by"] == c[1].id
+    assert await _deliveries(c, 1) == {
+        "handed_over": 1,
+        "hopped": 2,
+        "hop_reasons": {"not_detachable": 2},
+    }
+
+
+async def test_health_counts_are_exact_for_a_known_load(handoff_cluster):
+    c = await handoff_cluster(3)
+    cookies = [await _seed(c, 0), await _seed(c, 2)]
+    for _ in range(5):  # new connection per request: each is handed over
+        for cookie in cookies:
+            assert (await c[1].request("POST", "/touch", cookie=cookie)).status == 200
+    # A connection that asks to close is not handed over.
+    closing = await c[1].request(
+        "POST", "/touch", cookie=cookies[0], headers={"Connection": "close"}
+    )
+    assert closing.status == 200 and closing.headers["x-gym-forwarded-by"] == c[1].id
+    assert await _deliveries(c, 1) == {
+        "handed_over": 10,
+        "hopped": 1,
+        "hop_reasons": {"not_detachable": 1},
+    }
+    assert c[0].server.counts[next(iter(c[0].server.counts))] == 6
+
+
+async def test_holder_that_closes_its_handoff_socket_unanswered_gets_the_hop(
+    handoff_cluster, short_tmp
+):
+    """A holder that dies holding the descriptor, before it answers, served nothing: hop."""
+    c = await handoff_cluster(2)
+    cookie = await _seed(c, 0)
+    await c[0].app.handoff_listener.stop()
+    path = c.runtime_dir.handoff_path(c[0].id)
+    dying = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    dying.bind(path)
+    dying.listen()
+    dying.setblocking(False)
+    loop = asyncio.get_running_loop()
+    taken: list[int] = []
+
+    async def take_and_die() -> None:
+        peer, _ = await loop.sock_accept(dying)
+        while True:
+            try:
+                _, fds, _, _ = socket.recv_fds(peer, 1 << 18, 4)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.01)
+        taken.extend(fds)
+        for fd in fds:
+            os.close(fd)
+        peer.close()  # no answer: as the kernel does for a killed process
+
+    stand_in = asyncio.create_task(take_and_die())
+    try:
+        reply = await c[1].request("POST", "/touch", cookie=cookie)
+        await stand_in
+    finally:
+        dying.close()
+    assert len(taken) == 1
+    assert reply.status == 200 and reply.json["count"] == 1
+    assert reply.headers["x-gym-forwarded-by"] == c[1].id
+    assert (await _deliveries(c, 1))["hop_reasons"] == {"lost": 1}
+
+
+async def test_handoff_to_a_worker_without_the_session_is_refused_and_hopped(handoff_cluster):
+    c = await handoff_cluster(2)
+    cookie = await _seed(c, 0)
+    c[0].app.claims.accepting_sessions = False  # draining: keeps its sessions, takes no connection
+    reply = await c[1].request("POST", "/touch", cookie=cookie)
+    assert reply.status == 200 and reply.headers["x-gym-forwarded-by"] == c[1].id
+    assert (await _deliveries(c, 1))["hop_reasons"] == {"refused": 1}
+
+
+# The listener's own checks -----------------------------------------------------------------
+
+
+@pytest.fixture
+async def listener(short_tmp):
+    path = os.path.join(short_tmp, "h.fds")
+    taken: list[str] = []
+
+    def takes(session_id: str) -> bool:
+        taken.append(session_id)
+        return True
+
+    made = HandoffListener(path, takes)
+    made.attach(lambda: pytest.fail("nothing may be served"), lambda: True)
+    await made.start()
+    yield made, taken
+    await made.stop()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def _ask(path: str, message: bytes, fds: list[int]) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as asker:
+        asker.connect(path)
+        asker.sendmsg(
+            [message],
+            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [],
+        )
+        asker.setblocking(False)
+        return await asyncio.get_running_loop().sock_recv(asker, 16)
+
+
+@pytest.mark.parametrize("how", ["two_descriptors", "no_descriptor", "malformed", "too_large"])
+async def test_listener_refuses_bad_messages_and_closes_every_descriptor(listener, how):
+    made, taken = listener
+    before = _open_fds()
+    left, right = socket.socketpair()
+    scope = {"method": "GET", "path": "/", "raw_path": b"/", "query_string": b"", "headers": []}
+    message = pack_message("s1", "w-test", replay_bytes(scope, b""))
+    fds = [left.fileno()]
+    if how == "two_descriptors":
+        fds = [left.fileno(), right.fileno()]
+    elif how == "no_descriptor":
+        fds = []
+    elif how == "malformed":
+        message = b"nonsense"
+    else:
+        message += b"x" * (200 * 1024)
+    try:
+        answer = await _ask(made.path, message, fds)
+    finally:
+        left.close()
+        right.close()
+    assert answer == ACK_REFUSED
+    assert made.taken == 0 and taken == []
+    # Whatever arrived was closed, and the asker's socket once it left.
+    assert await wait_until(lambda: _open_fds() == before)
+
+
+def test_listener_takes_nothing_from_another_uid(short_tmp):
+    if os.getuid() != 0:
+        pytest.skip("needs root to run a client as another uid")
+    script = f"""
+import asyncio, os, socket, sys
+sys.path.insert(0, {os.getcwd()!r})
+from gym_sessions.routing.handoff_listener import HandoffListener
+
+async def main():
+    path = {os.path.join(short_tmp, "h.fds")!r}
+    listener = HandoffListener(path, lambda sid: True)
+    listener.attach(lambda: None, lambda: True)
+    await listener.start()
+    os.chmod({short_tmp!r}, 0o755)
+    os.chmod(path, 0o777)  # reachable, so only the peer check stands in the way
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", '''
+import os, socket, sys
+os.setuid(65534)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+a, b = socket.socketpair()
+try:
+    socket.send_fds(s, [b"GSH1" + bytes(4) + b"GET / HTTP/1.1\\\\r\\\\n\\\\r\\\\n"], [a.fileno()])
+    print(repr(s.recv(16)))
+except OSError as exc:
+    print(type(exc).__name__)
+''', path, stdout=asyncio.subprocess.PIPE)
+    out, _ = await child.communicate()
+    print(out.decode().strip(), listener.taken, listener.refused)
+    await listener.stop()
+
+asyncio.run(main())
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    # The peer's socket was closed unanswered (an empty read or a reset), nothing taken.
+    answer, taken, refused = result.stdout.split()
+    assert answer in ("b''", "ConnectionResetError", "BrokenPipeError")
+    assert (taken, refused) == ("0", "0")
+
+
+async def test_an_untested_uvicorn_turns_handoff_off(handoff_cluster, monkeypatch):
+    from gym_sessions.server.http_protocol import BoundedHttpProtocol
+
+    # What `_uvicorn_tested()` gives on a uvicorn outside TESTED_UVICORN.
+    monkeypatch.setattr(BoundedHttpProtocol, "handoff_enabled", False)
+    c = await handoff_cluster(2)
+    cookie = await _seed(c, 0)
+    reply = await c[1].request("POST", "/touch", cookie=cookie)
+    assert reply.status == 200 and reply.headers["x-gym-forwarded-by"] == c[1].id
+    assert (await _deliveries(c, 1))["hop_reasons"] == {"protocol": 1}
