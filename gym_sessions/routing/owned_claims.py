@@ -275,7 +275,7 @@ class OwnedClaims:
         self._release_hooks.append(hook)
 
     def on_count_change(self, hook: Callable[[], None]) -> None:
-        """Call ``hook()`` whenever ``len(self)`` or `live_sessions` may have changed."""
+        """Call ``hook()`` whenever ``len(self)``, `live_sessions` or `load` may have changed."""
         self._count_hooks.append(hook)
 
     def on_idle(self, hook: Callable[[str], None]) -> None:
@@ -286,6 +286,16 @@ class OwnedClaims:
     def live_sessions(self) -> int:
         """Live sessions this worker holds (see `mark_open`)."""
         return self._live
+
+    @property
+    def load(self) -> int:
+        """Live sessions plus starts under way here: what balanced placement compares."""
+        return self._live + self._reserved
+
+    @property
+    def full(self) -> bool:
+        """Whether a new session start would find no room here (`reserve_room`)."""
+        return 0 < self.max_sessions <= self._live + self._reserved
 
     def live_session_ids(self) -> list[str]:
         """Ids of the live sessions this worker holds."""
@@ -304,22 +314,23 @@ class OwnedClaims:
     def reserve_room(self, session_id: str) -> RoomReservation | None:
         """Take room for a start of ``session_id``; ``None`` if this worker is full or draining.
 
-        Without a limit, or for a restart of a live session here, no room is
-        needed (the reservation is inactive). The room passes to the session
-        when `mark_open` makes it live; `give_back_room` returns it otherwise.
+        A restart of a live session here needs no room (the reservation is
+        inactive). Without a limit a start still holds its room, so that
+        `load` counts starts under way (balanced placement reads it). The room
+        passes to the session when `mark_open` makes it live; `give_back_room`
+        returns it otherwise.
         """
         claim = self._claims.get(session_id)
         if claim is not None and claim.state.live:
             return RoomReservation(session_id, active=False)
         if not self.accepting_sessions:
             return None
-        if self.max_sessions <= 0:
-            return RoomReservation(session_id, active=False)
-        if self._live + self._reserved >= self.max_sessions:
+        if 0 < self.max_sessions <= self._live + self._reserved:
             return None
         reservation = RoomReservation(session_id)
         self._reservations.setdefault(session_id, []).append(reservation)
         self._reserved += 1
+        self._counts_changed()
         return reservation
 
     def give_back_room(self, reservation: RoomReservation) -> None:
@@ -332,6 +343,7 @@ class OwnedClaims:
         held.remove(reservation)
         if not held:
             del self._reservations[reservation.session_id]
+        self._counts_changed()
 
     def holds(self, session_id: str) -> bool:
         """Whether this worker holds the claim and means to keep it past this request."""

@@ -62,6 +62,7 @@ from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone
 from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.placement import Placement
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
 from gym_sessions.routing.request_session import (
     REQUEST_SESSION_KEY,
@@ -217,6 +218,9 @@ class SessionRouter:
             handler, and every forward, is.
         snapshots: Durable sessions (``--durable-sessions``): snapshots are
             written before replies, and a dead holder's sessions restored here.
+        placement: Balanced placement (``--placement balanced``): a new
+            session's start goes to the worker with the fewest sessions
+            (`Placement`); ``None``: it starts where it arrived.
     """
 
     def __init__(
@@ -240,8 +244,10 @@ class SessionRouter:
         body_budget: BodyBudget | None = None,
         runs_to_completion: Collection[str] = (),
         snapshots: SessionSnapshots | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.app = app
+        self.placement = placement
         self.runs_to_completion = frozenset(runs_to_completion)
         self.snapshots = snapshots
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
@@ -343,6 +349,10 @@ class SessionRouter:
         try:
             if not private and self.forwarder is not None:
                 if routed.claims_first:
+                    if routed.starts and await self._placed_elsewhere(
+                        routed, scope, body, watch, send
+                    ):
+                        return
                     if routed.starts and not self._take_room(routed):
                         await self._start_elsewhere(routed, scope, body, watch, send)
                         return
@@ -403,6 +413,28 @@ class SessionRouter:
             if await self._offer_start(candidate, scope, body, watch, send):
                 return
         raise _no_room()
+
+    async def _placed_elsewhere(
+        self, routed: RequestSession, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send
+    ) -> bool:
+        """Balanced placement: deliver a new session's start to a less loaded worker.
+
+        Only for an id nobody claims (minted, or unclaimed in the store); each
+        target `Placement` ranks is offered the start in turn (one that is full,
+        draining or gone refuses, and nothing reaches the client). ``False``:
+        none took it, start it here (or, full here, as `_start_elsewhere` does).
+        """
+        placement = self.placement
+        sid = routed.session_id
+        if placement is None or sid in self.claims:
+            return False
+        if routed.source is not IdSource.MINTED and await self.claims.holder(sid) is not None:
+            return False  # an existing claim decides where this start goes
+        for target in await placement.targets():
+            with placement.sending(target):
+                if await self._offer_start(target, scope, body, watch, send):
+                    return True
+        return False
 
     async def _offer_start(
         self, worker_id: str, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send

@@ -45,6 +45,7 @@ from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalCl
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, make_forwarder
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
+from gym_sessions.routing.placement import FileLoadBoard, LoadBoard, Placement, RedisLoadBoard
 from gym_sessions.routing.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
 from gym_sessions.routing.redis_claims import (
     EntrySigner,
@@ -314,6 +315,10 @@ class WorkerApp:
                     self.registry.run_heartbeat(self._restore_claims, self._reap_orphans)
                 )
             )
+        if self.settings.routed and self.settings.placement == "balanced":
+            # Once this worker listens: a record names a worker starts can reach.
+            self.router.placement = Placement(self.claims, self._load_board())
+            self.router.placement.publish()
         if self.coordination is not None:
             self.coordination.mark(self.worker_id, _SERVING)
         self._background += [
@@ -321,6 +326,17 @@ class WorkerApp:
             asyncio.create_task(self.server.background()),
         ]
         logger.debug("worker %s started", self.worker_id)
+
+    def _load_board(self) -> LoadBoard:
+        if self.registry is not None:
+            return RedisLoadBoard(
+                self.registry.client,
+                self.worker_id,
+                self.registry.key_prefix,
+                self.settings.claims_timeout,
+            )
+        assert self.runtime_dir is not None
+        return FileLoadBoard(os.path.join(self.runtime_dir.path, "load"), self.worker_id)
 
     async def _reap_orphans(self) -> None:
         assert self.redis_store is not None
@@ -331,6 +347,9 @@ class WorkerApp:
             )
 
     async def _restore_claims(self) -> None:
+        placement = self.router.placement
+        if placement is not None and isinstance(placement.board, RedisLoadBoard):
+            placement.board.republish()  # Redis may have lost the load records too
         lost = await self.claims.restore()
         logger.warning(
             "worker %s: its registration had lapsed; claims written again (%d taken meanwhile)",
@@ -341,6 +360,8 @@ class WorkerApp:
     def begin_drain(self) -> None:
         """Take no new session here (starts go to other workers); serve the open ones on."""
         self.claims.accepting_sessions = False
+        if self.router.placement is not None:
+            self.router.placement.publish()  # takes no new sessions: others stop sending them
         logger.info("worker %s drains: %d open sessions", self.worker_id, self.claims.live_sessions)
 
     async def drained(self) -> None:
@@ -407,6 +428,10 @@ class WorkerApp:
             # A background task that failed must not keep the rest from closing.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.router.placement is not None:
+            # Before the listener goes: no start is placed on a worker that left.
+            with contextlib.suppress(Exception):
+                await self.router.placement.close()
         if self.registry is not None:
             # Other workers answer 410 for this worker's sessions at once.
             with contextlib.suppress(Exception):

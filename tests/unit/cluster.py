@@ -295,6 +295,9 @@ async def start_cluster(
     # second each time) protects nothing here. tests/e2e/test_operations.py
     # covers that wait with real processes.
     settings_kw.setdefault("graceful_timeout", 0.0)
+    # These tests choose which worker accepts each request and expect a start
+    # to open its session there; tests of balanced placement ask for it.
+    settings_kw.setdefault("placement", "local")
     settings = Settings(workers=n, secret=SECRET, routes_sessions_to_holder=routed, **settings_kw)
     runtime_dir = None
     if settings.routed and not settings.redis_claims:
