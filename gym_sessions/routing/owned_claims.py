@@ -27,6 +27,7 @@ from types import MappingProxyType
 
 from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError, SessionGoneError
 from gym_sessions.routing.claim_store import ClaimStore
+from gym_sessions.routing.owner_cache import OwnerCache
 from gym_sessions.routing.session_access import Incarnation
 
 __all__ = [
@@ -227,6 +228,8 @@ class OwnedClaims:
             starts beyond it find no room here (`reserve_room`).
         idle_timeout: Seconds a live session may go without a request before
             the idle hooks end it (0: never).
+        owner_cache: Remembers other workers' claims the store named
+            (`cached_holder`); only for forwards the holder checks (Redis claims).
     """
 
     def __init__(
@@ -238,7 +241,9 @@ class OwnedClaims:
         standing: Callable[[], bool] | None = None,
         max_sessions: int = 0,
         idle_timeout: float = 0.0,
+        owner_cache: OwnerCache | None = None,
     ) -> None:
+        self.owner_cache = owner_cache
         self.store = store
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
@@ -359,7 +364,28 @@ class OwnedClaims:
         if session_id in self._claims:
             return self.worker_id
         await self._removed(session_id)
-        return await self.store.read(session_id)
+        holder = await self.store.read(session_id)
+        if self.owner_cache is not None:
+            if holder is None or holder == self.worker_id:
+                self.owner_cache.forget(session_id)
+            else:
+                self.owner_cache.put(session_id, holder)
+        return holder
+
+    def cached_holder(self, session_id: str) -> str | None:
+        """Another worker a recent `holder` lookup named for ``session_id``, or ``None``.
+
+        Never this worker (its own claims are in memory): a forward on this
+        answer must let the holder refuse if it no longer holds the session.
+        """
+        if self.owner_cache is None or session_id in self._claims:
+            return None
+        return self.owner_cache.get(session_id)
+
+    def forget_holder(self, session_id: str) -> None:
+        """Drop the cached holder of ``session_id`` (closed, refused, gone)."""
+        if self.owner_cache is not None:
+            self.owner_cache.forget(session_id)
 
     async def take_over(self, session_id: str, dead_holder: str) -> str | None:
         """Take the claim of a dead holder over (durable sessions); ``None`` if this worker won.

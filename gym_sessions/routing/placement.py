@@ -55,12 +55,14 @@ from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.runtime_dir import worker_process_exists
 
 __all__ = [
+    "PLACED_SLACK",
     "PLACEMENTS",
     "FileLoadBoard",
     "LoadBoard",
     "Placement",
     "RedisLoadBoard",
     "WorkerLoad",
+    "refuses_placed",
 ]
 
 logger = logging.getLogger("gym_sessions.routing")
@@ -71,6 +73,9 @@ PLACEMENTS = ("balanced", "local")
 # A load record: the load, then flags (bit 0: takes new sessions).
 _RECORD = struct.Struct("<II")
 _ACCEPTING = 1
+#: How many sessions more than its sender believed a placed start's target
+#: may hold and still take it (`refuses_placed`).
+PLACED_SLACK = 2
 # How often a reader asks again whether a worker whose record it reads still
 # runs (a SIGKILLed worker leaves its record behind).
 _ALIVE_CHECK_SECONDS = 1.0
@@ -322,6 +327,19 @@ def _decode(value: Any) -> tuple[int, bool]:
     return int(sessions), flags == "1"
 
 
+def refuses_placed(claims: OwnedClaims, believed: bytes | None) -> bool:
+    """Whether a start placed here (its `PLACED_MARK` value ``believed``) should go elsewhere.
+
+    The sender chose this worker believing it held ``believed`` sessions; when
+    it holds more than `PLACED_SLACK` beyond that, the sender's view was stale
+    (many acceptors sent here at once): refuse, and the sender tries its next
+    choice. So a burst never piles onto one worker whatever the boards lag.
+    """
+    if believed is None or not believed.isdigit() or len(believed) > 9:
+        return False  # not a placed start (or a mark this code never writes)
+    return claims.load > int(believed) + PLACED_SLACK
+
+
 class Placement:
     """Chooses the worker a new session starts on (``--placement balanced``).
 
@@ -337,10 +355,15 @@ class Placement:
         self.claims = claims
         self.board = board
         self._rng = rng or random.Random()
-        # Starts this worker is delivering to each worker right now: counted on
-        # top of that worker's record until the hop returns (by then the
-        # target's own count has them).
+        # Starts this worker is delivering to each worker right now, and that
+        # worker's record when the first of them left: until the hops return
+        # (by then the target's own count has them) the target holds at least
+        # that record plus these starts. Not the current record plus them: a
+        # target counts a start as soon as it reads it, and counting it twice
+        # would make this worker keep a burst's starts for itself.
         self._sending: Counter[str] = Counter()
+        self._base: dict[str, int] = {}
+        self._last: dict[str, int] = {}
         claims.on_count_change(self.publish)
 
     def publish(self) -> None:
@@ -348,12 +371,14 @@ class Placement:
         claims = self.claims
         self.board.publish(claims.load, claims.accepting_sessions and not claims.full)
 
-    async def targets(self) -> list[str]:
+    async def targets(self) -> list[tuple[str, int]]:
         """Other workers to offer a new session's start to, best first; ``[]``: start it here.
 
-        Only workers that take new sessions and hold fewer than this worker
-        does (all of them when this one takes none: draining or full). A board
-        that cannot be read places nothing (the start stays here).
+        Each with the sessions this worker believes it holds (the value of the
+        hop's `PLACED_MARK`: the target refuses when it holds clearly more,
+        `refuses_placed`). Only workers that take new sessions and hold fewer
+        than this worker does (all of them when this one takes none: draining
+        or full). A board that cannot be read places nothing (the start stays here).
         """
         try:
             loads = await self.board.read()
@@ -364,16 +389,19 @@ class Placement:
         claims = self.claims
         here = claims.accepting_sessions and not claims.full
         mine = claims.load
+        self._last = {worker: load.sessions for worker, load in loads.items()}
         ranked = sorted(
-            (load.sessions + self._sending[worker], self._rng.random(), worker)
+            (self._estimate(worker, load.sessions), self._rng.random(), worker)
             for worker, load in loads.items()
             if load.accepting
         )
-        return [worker for sessions, _, worker in ranked if not here or sessions < mine]
+        return [(worker, sessions) for sessions, _, worker in ranked if not here or sessions < mine]
 
     @contextlib.contextmanager
     def sending(self, worker_id: str) -> Iterator[None]:
         """Count a start being delivered to ``worker_id`` until the block ends."""
+        if not self._sending[worker_id]:
+            self._base[worker_id] = self._last.get(worker_id, 0)
         self._sending[worker_id] += 1
         try:
             yield
@@ -388,6 +416,14 @@ class Placement:
         self._sending[worker_id] -= 1
         if not self._sending[worker_id]:
             del self._sending[worker_id]
+            self._base.pop(worker_id, None)
+
+    def _estimate(self, worker_id: str, published: int) -> int:
+        """What ``worker_id`` holds, counting the starts on their way there from here."""
+        sending = self._sending.get(worker_id, 0)
+        if not sending:
+            return published
+        return max(published, self._base.get(worker_id, 0) + sending)
 
     async def close(self) -> None:
         """Withdraw this worker's record: it takes no more starts."""

@@ -60,9 +60,18 @@ from gym_sessions.errors import (
 from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
 from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone
+from gym_sessions.routing.forwarder import (
+    HELD_MARK,
+    HOP_MARKS_KEY,
+    NOT_HELD_HEADER,
+    PLACED_MARK,
+    Forwarder,
+    HolderRefusedError,
+    holder_gone,
+    received_mark,
+)
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.placement import Placement
+from gym_sessions.routing.placement import Placement, refuses_placed
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
 from gym_sessions.routing.request_session import (
     REQUEST_SESSION_KEY,
@@ -358,11 +367,17 @@ class SessionRouter:
                         return
                     # One store call: claiming answers who holds the id if not us.
                     holder = await self.claims.claim(sid)
+                    self.claims.forget_holder(sid)  # a close (or restart) may move or end it
                 elif routed.source is IdSource.MINTED:
                     # Nobody can hold an id minted just now: no store lookup (health
                     # checks and /spaces never wait on, or fail with, the store).
                     holder = None
                 else:
+                    cached = self.claims.cached_holder(sid)
+                    if cached is not None and await self._forward_cached(
+                        cached, routed, scope, body, watch, send
+                    ):
+                        return
                     holder = await self.claims.holder(sid)
                     if holder is None and routed.source is IdSource.COOKIE:
                         holder = await self._claim_provisionally(routed)
@@ -375,14 +390,64 @@ class SessionRouter:
                     # The holder refused and has exited: restore its session here.
                     if not await self._restore(routed, holder, scope, body, watch, send):
                         return
+            elif (
+                private
+                and routed.starts
+                and refuses_placed(self.claims, received_mark(scope, PLACED_MARK))
+            ):
+                raise _no_room()  # the sender saw this worker emptier: it asks another
+            elif private and sid not in self.claims and received_mark(scope, HELD_MARK):
+                raise _NotHeldError(f"worker {self.claims.worker_id} does not hold {sid!r}")
             elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
         except HTTPError as error:
             if private and isinstance(error, CapacityReachedError):
                 send = _with_header(send, (NO_ROOM_HEADER, b"1"))
+            elif private and isinstance(error, _NotHeldError):
+                send = _with_header(send, (NOT_HELD_HEADER, b"1"))
             await self._send_error(scope, send, error)
             return
         await self._serve_here(routed, scope, body, watch, send)
+
+    async def _forward_cached(
+        self,
+        holder: str,
+        routed: RequestSession,
+        scope: Scope,
+        body: bytes,
+        watch: DisconnectWatch,
+        send: Send,
+    ) -> bool:
+        """Forward to the holder a cached lookup names; ``False``: look it up afresh instead.
+
+        The hop carries `HELD_MARK`, so a worker that no longer holds the
+        session (closed, released, moved) refuses with `NOT_HELD_HEADER`
+        instead of claiming or serving it; that reply never reaches the client.
+        ``False`` too when the holder refused the connection and may have
+        exited (nothing ran: a durable session may be restored, as afresh).
+        """
+        refused = False
+
+        async def send_unless_refused(message: Message) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start":
+                headers = message.get("headers", [])
+                refused = any(name == NOT_HELD_HEADER for name, _ in headers)
+                if refused or message["status"] == 410:
+                    self.claims.forget_holder(routed.session_id)
+            if not refused:
+                await send(message)
+
+        scope[HOP_MARKS_KEY] = [(HELD_MARK, b"1")]
+        try:
+            forwarded = await self._forward(
+                holder, scope, body, watch, send_unless_refused, restorable=True
+            )
+        finally:
+            del scope[HOP_MARKS_KEY]
+        if not forwarded:
+            self.claims.forget_holder(routed.session_id)
+        return forwarded and (not refused or watch.cancelled)
 
     def _take_room(self, routed: RequestSession) -> bool:
         """Reserve room for a session start here (`OwnedClaims.reserve_room`); False if full."""
@@ -430,10 +495,14 @@ class SessionRouter:
             return False
         if routed.source is not IdSource.MINTED and await self.claims.holder(sid) is not None:
             return False  # an existing claim decides where this start goes
-        for target in await placement.targets():
-            with placement.sending(target):
-                if await self._offer_start(target, scope, body, watch, send):
-                    return True
+        for target, believed in await placement.targets():
+            scope[HOP_MARKS_KEY] = [(PLACED_MARK, str(believed).encode())]
+            try:
+                with placement.sending(target):
+                    if await self._offer_start(target, scope, body, watch, send):
+                        return True
+            finally:
+                del scope[HOP_MARKS_KEY]
         return False
 
     async def _offer_start(
@@ -718,6 +787,10 @@ def _unexpected(exc: Exception) -> HTTPError:
     if isinstance(exc, OSError) and out_of_resources(exc):
         return OverloadedError(f"this worker is short of resources: {exc.strerror}")
     return InternalServerError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+class _NotHeldError(SessionConflictError):
+    """A hop with `HELD_MARK` reached a worker that does not hold its session (private only)."""
 
 
 def _no_room() -> CapacityReachedError:

@@ -45,6 +45,7 @@ from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalCl
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, make_forwarder
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
+from gym_sessions.routing.owner_cache import OwnerCache
 from gym_sessions.routing.placement import FileLoadBoard, LoadBoard, Placement, RedisLoadBoard
 from gym_sessions.routing.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
 from gym_sessions.routing.redis_claims import (
@@ -201,6 +202,8 @@ class WorkerApp:
             standing=standing,
             max_sessions=settings.max_sessions,
             idle_timeout=settings.session_idle_timeout,
+            # Cross-host lookups cost a Redis round trip each; a file read does not.
+            owner_cache=OwnerCache() if self.redis_store is not None else None,
         )
         server.bind(settings, self.claims, self.credentials)
         self.snapshots: SessionSnapshots | None = None
