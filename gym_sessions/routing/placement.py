@@ -55,8 +55,9 @@ from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.runtime_dir import worker_process_exists
 
 __all__ = [
-    "PLACED_SLACK",
     "PLACEMENTS",
+    "PLACED_SLACK",
+    "PLACEMENT_ROUNDS",
     "FileLoadBoard",
     "LoadBoard",
     "Placement",
@@ -73,6 +74,9 @@ PLACEMENTS = ("balanced", "local")
 # A load record: the load, then flags (bit 0: takes new sessions).
 _RECORD = struct.Struct("<II")
 _ACCEPTING = 1
+#: Offers of one start to other workers at most (each after a fresh read of
+#: the loads) before it starts where it arrived.
+PLACEMENT_ROUNDS = 3
 #: How many sessions more than its sender believed a placed start's target
 #: may hold and still take it (`refuses_placed`).
 PLACED_SLACK = 2
@@ -332,8 +336,9 @@ def refuses_placed(claims: OwnedClaims, believed: bytes | None) -> bool:
 
     The sender chose this worker believing it held ``believed`` sessions; when
     it holds more than `PLACED_SLACK` beyond that, the sender's view was stale
-    (many acceptors sent here at once): refuse, and the sender tries its next
-    choice. So a burst never piles onto one worker whatever the boards lag.
+    (many acceptors sent here at once): refuse, and the sender ranks afresh
+    (`PLACEMENT_ROUNDS`) or starts the session itself. So a burst cannot pile
+    onto one worker however late the loads are.
     """
     if believed is None or not believed.isdigit() or len(believed) > 9:
         return False  # not a placed start (or a mark this code never writes)
@@ -374,8 +379,8 @@ class Placement:
     async def targets(self) -> list[tuple[str, int]]:
         """Other workers to offer a new session's start to, best first; ``[]``: start it here.
 
-        Each with the sessions this worker believes it holds (the value of the
-        hop's `PLACED_MARK`: the target refuses when it holds clearly more,
+        Each with the sessions this worker believes it holds (the hop's
+        `PLACED_MARK`: the target refuses when it holds clearly more,
         `refuses_placed`). Only workers that take new sessions and hold fewer
         than this worker does (all of them when this one takes none: draining
         or full). A board that cannot be read places nothing (the start stays here).

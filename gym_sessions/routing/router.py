@@ -71,7 +71,7 @@ from gym_sessions.routing.forwarder import (
     received_mark,
 )
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.placement import Placement, refuses_placed
+from gym_sessions.routing.placement import PLACEMENT_ROUNDS, Placement, refuses_placed
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
 from gym_sessions.routing.request_session import (
     REQUEST_SESSION_KEY,
@@ -484,10 +484,11 @@ class SessionRouter:
     ) -> bool:
         """Balanced placement: deliver a new session's start to a less loaded worker.
 
-        Only for an id nobody claims (minted, or unclaimed in the store); each
-        target `Placement` ranks is offered the start in turn (one that is full,
-        draining or gone refuses, and nothing reaches the client). ``False``:
-        none took it, start it here (or, full here, as `_start_elsewhere` does).
+        Only for an id nobody claims (minted, or unclaimed in the store). The
+        worker `Placement` ranks first is offered the start; one that is full,
+        draining, gone or busier than the sender saw refuses (nothing reaches
+        the client), and the next round ranks afresh. ``False``: none took it,
+        start it here (or, full here, as `_start_elsewhere` does).
         """
         placement = self.placement
         sid = routed.session_id
@@ -495,7 +496,15 @@ class SessionRouter:
             return False
         if routed.source is not IdSource.MINTED and await self.claims.holder(sid) is not None:
             return False  # an existing claim decides where this start goes
-        for target, believed in await placement.targets():
+        refused: set[str] = set()
+        # After a refusal the loads are read again (the refusing worker's has
+        # just changed): a few rounds, one offer each, then this worker.
+        for _ in range(PLACEMENT_ROUNDS):
+            ranked = [t for t in await placement.targets() if t[0] not in refused]
+            if not ranked:
+                return False
+            target, believed = ranked[0]
+            refused.add(target)
             scope[HOP_MARKS_KEY] = [(PLACED_MARK, str(believed).encode())]
             try:
                 with placement.sending(target):
