@@ -55,8 +55,8 @@ from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.runtime_dir import worker_process_exists
 
 __all__ = [
-    "PLACEMENTS",
     "PLACED_SLACK",
+    "PLACEMENTS",
     "PLACEMENT_ROUNDS",
     "FileLoadBoard",
     "LoadBoard",
