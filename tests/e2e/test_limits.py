@@ -216,7 +216,7 @@ def test_a_burst_of_starts_is_balanced_over_the_workers(serve, pooled):
     # to one or two workers (benchmarks/placement.py: [0, 6, 188, 206] seen);
     # every worker must get a real share now.
     starts = 200
-    balanced = serve(COUNTER, "--debug-worker-header", workers=4)
+    balanced = serve(COUNTER, "--placement", "balanced", "--debug-worker-header", workers=4)
 
     async def main():
         async with client_session(fresh_connections=not pooled, limit=16) as client:
