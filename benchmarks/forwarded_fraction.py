@@ -24,7 +24,7 @@ whose claim file names the session (`envs.counter_load.claim_owner`), else
   connection right after the request (health is never forwarded).
 
     .venv/bin/python benchmarks/forwarded_fraction.py [--episodes 300] [--pool-size 16]
-                                                      [--in-flight 32]
+                                                      [--in-flight 32] [--placement balanced|local]
 
 Prints a Markdown table; writes forwarded_fraction.json and .png
 into --out DIR (default benchmarks/results/local/, untracked).
@@ -312,11 +312,14 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=300)
     parser.add_argument("--pool-size", type=int, default=POOL_SIZE, help="(b)'s connection limit")
     parser.add_argument("--in-flight", type=int, default=IN_FLIGHT, help="episodes at a time")
+    parser.add_argument(
+        "--placement", choices=("balanced", "local"), default="local", help="the server's"
+    )
     args = _common.parse_args(parser)
     print(_common.load_note())
 
     results: dict[str, Any] = {}
-    with start_server(TARGET, workers=WORKERS) as server:
+    with start_server(TARGET, "--placement", args.placement, workers=WORKERS) as server:
         runtime = _common.runtime_dir(server)
         clients = (REMOTE_ENV, POOLED.format(args.pool_size), FRESH)
         for i, label in enumerate(clients):

@@ -327,6 +327,13 @@ def _parser() -> argparse.ArgumentParser:
         "capacity_reached when all are full (default 0: no limit)",
     )
     limits.add_argument(
+        "--placement",
+        choices=("balanced", "local"),
+        default="local",
+        help="where a new session starts: local (default), the worker that accepted the start; "
+        "balanced, the worker with the fewest open sessions",
+    )
+    limits.add_argument(
         "--session-idle-timeout",
         type=float,
         default=3600.0,
@@ -566,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trust_session_ids=args.trust_session_ids,
                 unsandboxed=args.unsandboxed,
                 max_sessions=args.max_sessions,
+                placement=args.placement,
                 session_idle_timeout=args.session_idle_timeout,
                 max_body_bytes=args.max_body_bytes,
                 max_inflight_body_bytes=args.max_inflight_body_bytes,

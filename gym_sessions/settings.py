@@ -100,6 +100,10 @@ class Settings:
         max_sessions: Live sessions each worker may hold (0: no limit). A start
             that lands on a full worker is placed on a worker with room; 503
             ``capacity_reached`` only when every worker is full.
+        placement: Where a new session starts: ``"local"`` (the worker that
+            accepted the start) or ``"balanced"`` (the worker with the fewest
+            open sessions, reached over the hop). Only with routing (several
+            workers, or Redis claims).
         session_idle_timeout: Seconds an open session may go without a request
             before the server closes it (0: never); its next request gets 410
             ``session_expired``.
@@ -154,6 +158,7 @@ class Settings:
     timeout_keep_alive: float = 120.0
     debug_worker_header: bool = False
     max_sessions: int = 0
+    placement: str = "local"
     session_idle_timeout: float = 3600.0
     trust_session_ids: bool = False
     unsandboxed: bool = False
@@ -181,6 +186,8 @@ class Settings:
             raise ValueError("private_max_connections must be at least 1")
         if self.max_sessions < 0:
             raise ValueError("max_sessions must be 0 (no limit) or positive")
+        if self.placement not in ("balanced", "local"):
+            raise ValueError(f"placement must be 'balanced' or 'local', not {self.placement!r}")
         if self.session_idle_timeout < 0:
             raise ValueError("session_idle_timeout must be 0 (never) or positive")
         if self.max_snapshot_bytes < 1:

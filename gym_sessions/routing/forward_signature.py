@@ -8,7 +8,8 @@ Every forwarded request carries
 
 where the HMAC-SHA256 (with a key derived from the server secret) covers the
 time, the worker it is meant for, the method, the target, every forwarded
-header and the body's digest. The private listener checks everything but the
+header, the hop's marks (`PLACED_MARK`, `HELD_MARK`: so nobody but a peer can
+set one) and the body's digest. The private listener checks everything but the
 body before reading it (so an unsigned request costs it no body), then the
 body against the signed digest, and refuses any mismatch with 403 ``forbidden``.
 A signature is good for ``max_age_seconds`` either side of the listener's
@@ -25,7 +26,13 @@ import time
 from starlette.types import Scope
 
 from gym_sessions.errors import ForbiddenError
-from gym_sessions.routing.forwarder import SIGNATURE_HEADER, forwarded_headers, request_target
+from gym_sessions.routing.forwarder import (
+    SIGNATURE_HEADER,
+    forwarded_headers,
+    hop_marks,
+    received_marks,
+    request_target,
+)
 
 __all__ = ["SIGNATURE_HEADER", "ForwardSigner"]
 
@@ -46,10 +53,17 @@ class ForwardSigner:
         self._key = hashlib.sha256(b"gym-sessions forward signature\0" + secret.encode()).digest()
         self.max_age_seconds = max_age_seconds
 
-    def _mac(self, timestamp: bytes, worker_id: str, scope: Scope, body_digest: bytes) -> bytes:
+    def _mac(
+        self,
+        timestamp: bytes,
+        worker_id: str,
+        scope: Scope,
+        body_digest: bytes,
+        marks: list[tuple[bytes, bytes]] | tuple[()] = (),
+    ) -> bytes:
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
         fields = [timestamp, worker_id.encode(), scope["method"].encode(), request_target(scope)]
-        for name, value in forwarded_headers(scope):
+        for name, value in [*forwarded_headers(scope), *marks]:
             fields += [name, value]
         fields.append(body_digest)
         for field in fields:
@@ -62,7 +76,7 @@ class ForwardSigner:
         """The signature header for forwarding ``scope`` with ``body`` to ``worker_id``."""
         timestamp = str(int(time.time())).encode()
         digest = hashlib.sha256(body).hexdigest().encode()
-        mac = self._mac(timestamp, worker_id, scope, digest)
+        mac = self._mac(timestamp, worker_id, scope, digest, hop_marks(scope))
         return SIGNATURE_HEADER, b".".join((timestamp, digest, mac))
 
     def verify_head(self, scope: Scope, worker_id: str) -> bytes:
@@ -83,7 +97,8 @@ class ForwardSigner:
             raise ForbiddenError("private listener: the request's signature is malformed")
         if abs(time.time() - int(timestamp)) > self.max_age_seconds:
             raise ForbiddenError("private listener: the request's signature has expired")
-        if not hmac.compare_digest(self._mac(timestamp, worker_id, scope, digest), mac):
+        expected = self._mac(timestamp, worker_id, scope, digest, received_marks(scope))
+        if not hmac.compare_digest(expected, mac):
             raise ForbiddenError("private listener: the request's signature is invalid")
         return digest
 

@@ -34,14 +34,20 @@ if TYPE_CHECKING:
     from gym_sessions.routing.worker_endpoints import WorkerEndpoints
 
 __all__ = [
+    "HELD_MARK",
     "HOP_BY_HOP_HEADERS",
+    "HOP_MARKS_KEY",
+    "NOT_HELD_HEADER",
+    "PLACED_MARK",
     "SIGNATURE_HEADER",
     "Forwarder",
     "HolderRefusedError",
     "forwarded_headers",
     "holder_gone",
     "holder_refused",
+    "hop_marks",
     "make_forwarder",
+    "received_mark",
     "reply_headers",
     "request_target",
 ]
@@ -63,7 +69,21 @@ HOP_BY_HOP_HEADERS = frozenset(
 # already answered any ``Expect: 100-continue``, and only the forwarding worker
 # may sign a request for a private listener.
 SIGNATURE_HEADER = b"x-gym-forward-signature"
-_NOT_FORWARDED = HOP_BY_HOP_HEADERS | {b"content-length", b"expect", SIGNATURE_HEADER}
+# Hop marks: what the forwarding worker tells the receiving one about this hop
+# (the router sets them in the scope under `HOP_MARKS_KEY`; they travel after
+# the request's own headers and, on TCP, under the signature). A client's own
+# header of such a name never passes a hop, so only a peer worker sets one.
+#: ``<load>``: a start placed here because the sender saw this worker at
+#: ``<load>`` sessions; refuse it (no-room mark) if this worker holds clearly more.
+PLACED_MARK = b"x-gym-hop-placed"
+#: ``1``: sent on a cached holder lookup; refuse (`NOT_HELD_HEADER`) unless this
+#: worker holds the session, never claim or serve it.
+HELD_MARK = b"x-gym-hop-held"
+_MARKS = frozenset({PLACED_MARK, HELD_MARK})
+#: On a private reply: this worker does not hold the session a `HELD_MARK` named.
+NOT_HELD_HEADER = b"x-gym-not-held"
+HOP_MARKS_KEY = "gym_sessions.hop_marks"
+_NOT_FORWARDED = HOP_BY_HOP_HEADERS | _MARKS | {b"content-length", b"expect", SIGNATURE_HEADER}
 
 
 class Forwarder(Protocol):
@@ -86,6 +106,24 @@ def request_target(scope: Scope) -> bytes:
 def forwarded_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     """The request's headers without hop-by-hop ones and without its length."""
     return [(name, value) for name, value in scope["headers"] if name not in _NOT_FORWARDED]
+
+
+def hop_marks(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The marks the forwarding worker sends with this hop (set in ``scope[HOP_MARKS_KEY]``)."""
+    return list(scope.get(HOP_MARKS_KEY, ()))
+
+
+def received_marks(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The hop marks a request that arrived over a private listener carries."""
+    return [(name, value) for name, value in scope["headers"] if name in _MARKS]
+
+
+def received_mark(scope: Scope, name: bytes) -> bytes | None:
+    """The value of hop mark ``name`` on a request that arrived privately, or ``None``."""
+    for header, value in scope["headers"]:
+        if header == name:
+            return value
+    return None
 
 
 def reply_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

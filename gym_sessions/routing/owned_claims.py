@@ -27,6 +27,7 @@ from types import MappingProxyType
 
 from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError, SessionGoneError
 from gym_sessions.routing.claim_store import ClaimStore
+from gym_sessions.routing.owner_cache import OwnerCache
 from gym_sessions.routing.session_access import Incarnation
 
 __all__ = [
@@ -227,6 +228,8 @@ class OwnedClaims:
             starts beyond it find no room here (`reserve_room`).
         idle_timeout: Seconds a live session may go without a request before
             the idle hooks end it (0: never).
+        owner_cache: Remembers other workers' claims the store named
+            (`cached_holder`); only for forwards the holder checks (Redis claims).
     """
 
     def __init__(
@@ -238,7 +241,9 @@ class OwnedClaims:
         standing: Callable[[], bool] | None = None,
         max_sessions: int = 0,
         idle_timeout: float = 0.0,
+        owner_cache: OwnerCache | None = None,
     ) -> None:
+        self.owner_cache = owner_cache
         self.store = store
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
@@ -275,7 +280,7 @@ class OwnedClaims:
         self._release_hooks.append(hook)
 
     def on_count_change(self, hook: Callable[[], None]) -> None:
-        """Call ``hook()`` whenever ``len(self)`` or `live_sessions` may have changed."""
+        """Call ``hook()`` whenever ``len(self)``, `live_sessions` or `load` may have changed."""
         self._count_hooks.append(hook)
 
     def on_idle(self, hook: Callable[[str], None]) -> None:
@@ -286,6 +291,16 @@ class OwnedClaims:
     def live_sessions(self) -> int:
         """Live sessions this worker holds (see `mark_open`)."""
         return self._live
+
+    @property
+    def load(self) -> int:
+        """Live sessions plus starts under way here: what balanced placement compares."""
+        return self._live + self._reserved
+
+    @property
+    def full(self) -> bool:
+        """Whether a new session start would find no room here (`reserve_room`)."""
+        return 0 < self.max_sessions <= self._live + self._reserved
 
     def live_session_ids(self) -> list[str]:
         """Ids of the live sessions this worker holds."""
@@ -304,22 +319,23 @@ class OwnedClaims:
     def reserve_room(self, session_id: str) -> RoomReservation | None:
         """Take room for a start of ``session_id``; ``None`` if this worker is full or draining.
 
-        Without a limit, or for a restart of a live session here, no room is
-        needed (the reservation is inactive). The room passes to the session
-        when `mark_open` makes it live; `give_back_room` returns it otherwise.
+        A restart of a live session here needs no room (the reservation is
+        inactive). Without a limit a start still holds its room, so that
+        `load` counts starts under way (balanced placement reads it). The room
+        passes to the session when `mark_open` makes it live; `give_back_room`
+        returns it otherwise.
         """
         claim = self._claims.get(session_id)
         if claim is not None and claim.state.live:
             return RoomReservation(session_id, active=False)
         if not self.accepting_sessions:
             return None
-        if self.max_sessions <= 0:
-            return RoomReservation(session_id, active=False)
-        if self._live + self._reserved >= self.max_sessions:
+        if 0 < self.max_sessions <= self._live + self._reserved:
             return None
         reservation = RoomReservation(session_id)
         self._reservations.setdefault(session_id, []).append(reservation)
         self._reserved += 1
+        self._counts_changed()
         return reservation
 
     def give_back_room(self, reservation: RoomReservation) -> None:
@@ -332,6 +348,7 @@ class OwnedClaims:
         held.remove(reservation)
         if not held:
             del self._reservations[reservation.session_id]
+        self._counts_changed()
 
     def holds(self, session_id: str) -> bool:
         """Whether this worker holds the claim and means to keep it past this request."""
@@ -347,7 +364,28 @@ class OwnedClaims:
         if session_id in self._claims:
             return self.worker_id
         await self._removed(session_id)
-        return await self.store.read(session_id)
+        holder = await self.store.read(session_id)
+        if self.owner_cache is not None:
+            if holder is None or holder == self.worker_id:
+                self.owner_cache.forget(session_id)
+            else:
+                self.owner_cache.put(session_id, holder)
+        return holder
+
+    def cached_holder(self, session_id: str) -> str | None:
+        """Another worker a recent `holder` lookup named for ``session_id``, or ``None``.
+
+        Never this worker (its own claims are in memory): a forward on this
+        answer must let the holder refuse if it no longer holds the session.
+        """
+        if self.owner_cache is None or session_id in self._claims:
+            return None
+        return self.owner_cache.get(session_id)
+
+    def forget_holder(self, session_id: str) -> None:
+        """Drop the cached holder of ``session_id`` (closed, refused, gone)."""
+        if self.owner_cache is not None:
+            self.owner_cache.forget(session_id)
 
     async def take_over(self, session_id: str, dead_holder: str) -> str | None:
         """Take the claim of a dead holder over (durable sessions); ``None`` if this worker won.

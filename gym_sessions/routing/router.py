@@ -60,9 +60,19 @@ from gym_sessions.errors import (
 from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
 from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone
+from gym_sessions.routing.forwarder import (
+    HELD_MARK,
+    HOP_MARKS_KEY,
+    NOT_HELD_HEADER,
+    PLACED_MARK,
+    Forwarder,
+    HolderRefusedError,
+    holder_gone,
+    received_mark,
+)
 from gym_sessions.routing.handoff import HANDED_IN_SCOPE_KEY, Handoff, HandoffCounts
 from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.placement import PLACEMENT_ROUNDS, Placement, refuses_placed
 from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
 from gym_sessions.routing.request_session import (
     REQUEST_SESSION_KEY,
@@ -260,6 +270,9 @@ class SessionRouter:
             written before replies, and a dead holder's sessions restored here.
         handoff: Hand a request's connection to its holder before hopping
             (``--handoff on``, one host); ``None``: always hop.
+        placement: Balanced placement (``--placement balanced``): a new
+            session's start goes to the worker with the fewest sessions
+            (`Placement`); ``None``: it starts where it arrived.
     """
 
     def __init__(
@@ -289,6 +302,10 @@ class SessionRouter:
         self.handoff = handoff
         #: Requests sent on to a holder: handed over or hopped (``/health``).
         self.deliveries = handoff.counts if handoff is not None else HandoffCounts()
+        placement: Placement | None = None,
+    ) -> None:
+        self.app = app
+        self.placement = placement
         self.runs_to_completion = frozenset(runs_to_completion)
         self.snapshots = snapshots
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
@@ -397,16 +414,26 @@ class SessionRouter:
         try:
             if not private and handed_by is None and self.forwarder is not None:
                 if routed.claims_first:
+                    if routed.starts and await self._placed_elsewhere(
+                        routed, scope, body, watch, send
+                    ):
+                        return
                     if routed.starts and not self._take_room(routed):
                         await self._start_elsewhere(routed, scope, body, watch, send)
                         return
                     # One store call: claiming answers who holds the id if not us.
                     holder = await self.claims.claim(sid)
+                    self.claims.forget_holder(sid)  # a close (or restart) may move or end it
                 elif routed.source is IdSource.MINTED:
                     # Nobody can hold an id minted just now: no store lookup (health
                     # checks and /spaces never wait on, or fail with, the store).
                     holder = None
                 else:
+                    cached = self.claims.cached_holder(sid)
+                    if cached is not None and await self._forward_cached(
+                        cached, routed, scope, body, watch, send
+                    ):
+                        return
                     holder = await self.claims.holder(sid)
                     if holder is None and routed.source is IdSource.COOKIE:
                         holder = await self._claim_provisionally(routed)
@@ -419,14 +446,64 @@ class SessionRouter:
                     # The holder refused and has exited: restore its session here.
                     if not await self._restore(routed, holder, scope, body, watch, send):
                         return
+            elif (
+                private
+                and routed.starts
+                and refuses_placed(self.claims, received_mark(scope, PLACED_MARK))
+            ):
+                raise _no_room()  # the sender saw this worker emptier: it asks another
+            elif private and sid not in self.claims and received_mark(scope, HELD_MARK):
+                raise _NotHeldError(f"worker {self.claims.worker_id} does not hold {sid!r}")
             elif await self._claim_here(routed) is not None:
                 raise _claimed_elsewhere(sid)
         except HTTPError as error:
             if private and isinstance(error, CapacityReachedError):
                 send = _with_header(send, (NO_ROOM_HEADER, b"1"))
+            elif private and isinstance(error, _NotHeldError):
+                send = _with_header(send, (NOT_HELD_HEADER, b"1"))
             await self._send_error(scope, send, error)
             return
         await self._serve_here(routed, scope, body, watch, send)
+
+    async def _forward_cached(
+        self,
+        holder: str,
+        routed: RequestSession,
+        scope: Scope,
+        body: bytes,
+        watch: DisconnectWatch,
+        send: Send,
+    ) -> bool:
+        """Forward to the holder a cached lookup names; ``False``: look it up afresh instead.
+
+        The hop carries `HELD_MARK`, so a worker that no longer holds the
+        session (closed, released, moved) refuses with `NOT_HELD_HEADER`
+        instead of claiming or serving it; that reply never reaches the client.
+        ``False`` too when the holder refused the connection and may have
+        exited (nothing ran: a durable session may be restored, as afresh).
+        """
+        refused = False
+
+        async def send_unless_refused(message: Message) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start":
+                headers = message.get("headers", [])
+                refused = any(name == NOT_HELD_HEADER for name, _ in headers)
+                if refused or message["status"] == 410:
+                    self.claims.forget_holder(routed.session_id)
+            if not refused:
+                await send(message)
+
+        scope[HOP_MARKS_KEY] = [(HELD_MARK, b"1")]
+        try:
+            forwarded = await self._forward(
+                holder, scope, body, watch, send_unless_refused, restorable=True
+            )
+        finally:
+            del scope[HOP_MARKS_KEY]
+        if not forwarded:
+            self.claims.forget_holder(routed.session_id)
+        return forwarded and (not refused or watch.cancelled)
 
     def _take_room(self, routed: RequestSession) -> bool:
         """Reserve room for a session start here (`OwnedClaims.reserve_room`); False if full."""
@@ -457,6 +534,41 @@ class SessionRouter:
             if await self._offer_start(candidate, scope, body, watch, send):
                 return
         raise _no_room()
+
+    async def _placed_elsewhere(
+        self, routed: RequestSession, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send
+    ) -> bool:
+        """Balanced placement: deliver a new session's start to a less loaded worker.
+
+        Only for an id nobody claims (minted, or unclaimed in the store). The
+        worker `Placement` ranks first is offered the start; one that is full,
+        draining, gone or busier than the sender saw refuses (nothing reaches
+        the client), and the next round ranks afresh. ``False``: none took it,
+        start it here (or, full here, as `_start_elsewhere` does).
+        """
+        placement = self.placement
+        sid = routed.session_id
+        if placement is None or sid in self.claims:
+            return False
+        if routed.source is not IdSource.MINTED and await self.claims.holder(sid) is not None:
+            return False  # an existing claim decides where this start goes
+        refused: set[str] = set()
+        # After a refusal the loads are read again (the refusing worker's has
+        # just changed): a few rounds, one offer each, then this worker.
+        for _ in range(PLACEMENT_ROUNDS):
+            ranked = [t for t in await placement.targets() if t[0] not in refused]
+            if not ranked:
+                return False
+            target, believed = ranked[0]
+            refused.add(target)
+            scope[HOP_MARKS_KEY] = [(PLACED_MARK, str(believed).encode())]
+            try:
+                with placement.sending(target):
+                    if await self._offer_start(target, scope, body, watch, send):
+                        return True
+            finally:
+                del scope[HOP_MARKS_KEY]
+        return False
 
     async def _offer_start(
         self, worker_id: str, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send
@@ -745,6 +857,10 @@ def _unexpected(exc: Exception) -> HTTPError:
     if isinstance(exc, OSError) and out_of_resources(exc):
         return OverloadedError(f"this worker is short of resources: {exc.strerror}")
     return InternalServerError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+class _NotHeldError(SessionConflictError):
+    """A hop with `HELD_MARK` reached a worker that does not hold its session (private only)."""
 
 
 def _no_room() -> CapacityReachedError:

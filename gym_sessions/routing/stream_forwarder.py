@@ -25,6 +25,7 @@ from gym_sessions.routing.forwarder import (
     forwarded_headers,
     holder_gone,
     holder_refused,
+    hop_marks,
     reply_headers,
     request_target,
 )
@@ -274,7 +275,7 @@ def _request_head(scope: Scope, body_length: int, signature: tuple[bytes, bytes]
         request_target(scope),
         b" HTTP/1.1\r\n",
     ]
-    for name, value in forwarded_headers(scope):
+    for name, value in [*forwarded_headers(scope), *hop_marks(scope)]:
         lines += [name, b": ", value, b"\r\n"]
     if signature is not None:
         lines += [signature[0], b": ", signature[1], b"\r\n"]

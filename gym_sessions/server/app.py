@@ -48,6 +48,8 @@ from gym_sessions.routing.forwarder import Forwarder, make_forwarder
 from gym_sessions.routing.handoff import Handoff, HandoffCounts
 from gym_sessions.routing.handoff_listener import HandoffListener
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
+from gym_sessions.routing.owner_cache import OwnerCache
+from gym_sessions.routing.placement import FileLoadBoard, LoadBoard, Placement, RedisLoadBoard
 from gym_sessions.routing.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
 from gym_sessions.routing.redis_claims import (
     EntrySigner,
@@ -220,6 +222,15 @@ class WorkerApp:
             standing=standing,
             max_sessions=settings.max_sessions,
             idle_timeout=settings.session_idle_timeout,
+            # Cross-host lookups cost a Redis round trip each; a file read does not.
+            # Not with durable sessions: with it, killing a host gave some
+            # sessions a 410 instead of a restore (tests/e2e/test_multihost_e2e.py,
+            # 2 of 4 runs; none in 4 without the cache), not understood yet.
+            owner_cache=(
+                OwnerCache()
+                if self.redis_store is not None and not settings.durable_sessions
+                else None
+            ),
         )
         server.bind(settings, self.claims, self.credentials)
         self.snapshots: SessionSnapshots | None = None
@@ -360,6 +371,10 @@ class WorkerApp:
                     self.registry.run_heartbeat(self._restore_claims, self._reap_orphans)
                 )
             )
+        if self.settings.routed and self.settings.placement == "balanced":
+            # Once this worker listens: a record names a worker starts can reach.
+            self.router.placement = Placement(self.claims, self._load_board())
+            self.router.placement.publish()
         if self.coordination is not None:
             self.coordination.mark(self.worker_id, _SERVING)
         self._background += [
@@ -367,6 +382,17 @@ class WorkerApp:
             asyncio.create_task(self.server.background()),
         ]
         logger.debug("worker %s started", self.worker_id)
+
+    def _load_board(self) -> LoadBoard:
+        if self.registry is not None:
+            return RedisLoadBoard(
+                self.registry.client,
+                self.worker_id,
+                self.registry.key_prefix,
+                self.settings.claims_timeout,
+            )
+        assert self.runtime_dir is not None
+        return FileLoadBoard(os.path.join(self.runtime_dir.path, "load"), self.worker_id)
 
     async def _reap_orphans(self) -> None:
         assert self.redis_store is not None
@@ -377,6 +403,9 @@ class WorkerApp:
             )
 
     async def _restore_claims(self) -> None:
+        placement = self.router.placement
+        if placement is not None and isinstance(placement.board, RedisLoadBoard):
+            placement.board.republish()  # Redis may have lost the load records too
         lost = await self.claims.restore()
         logger.warning(
             "worker %s: its registration had lapsed; claims written again (%d taken meanwhile)",
@@ -387,6 +416,8 @@ class WorkerApp:
     def begin_drain(self) -> None:
         """Take no new session here (starts go to other workers); serve the open ones on."""
         self.claims.accepting_sessions = False
+        if self.router.placement is not None:
+            self.router.placement.publish()  # takes no new sessions: others stop sending them
         logger.info("worker %s drains: %d open sessions", self.worker_id, self.claims.live_sessions)
 
     async def drained(self) -> None:
@@ -458,6 +489,10 @@ class WorkerApp:
             # A background task that failed must not keep the rest from closing.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.router.placement is not None:
+            # Before the listener goes: no start is placed on a worker that left.
+            with contextlib.suppress(Exception):
+                await self.router.placement.close()
         if self.registry is not None:
             # Other workers answer 410 for this worker's sessions at once.
             with contextlib.suppress(Exception):

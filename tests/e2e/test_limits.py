@@ -10,6 +10,7 @@ import random
 import socket
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -207,3 +208,31 @@ def test_large_bodies_on_a_kept_alive_connection_are_not_taken_for_heads(server)
                 assert chunk, reply
                 reply += chunk
             assert reply.startswith(b"HTTP/1.1 200 "), reply[:300]
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["new-connections", "pooled"])
+def test_a_burst_of_starts_is_balanced_over_the_workers(serve, pooled):
+    # Without balanced placement the kernel hands most of a burst's connections
+    # to one or two workers (benchmarks/placement.py: [0, 6, 188, 206] seen);
+    # every worker must get a real share now.
+    starts = 200
+    balanced = serve(COUNTER, "--placement", "balanced", "--debug-worker-header", workers=4)
+
+    async def main():
+        async with client_session(fresh_connections=not pooled, limit=16) as client:
+
+            async def start() -> tuple[int, str | None]:
+                body = {"options": {"initial_count": 0}}
+                async with client.post(balanced.url + "/reset", json=body) as reply:
+                    await reply.read()
+                    return reply.status, reply.headers.get("x-gym-worker")
+
+            replies = await asyncio.gather(*[start() for _ in range(starts)])
+        return replies, await worker_healths(balanced, 4)
+
+    replies, healths = asyncio.run(main())
+    assert [status for status, _ in replies] == [200] * starts
+    placed = Counter(worker for _, worker in replies)
+    assert len(healths) == 4 and sum(placed.values()) == starts
+    assert {w: h["open_sessions"] for w, h in healths.items()} == dict(placed)
+    assert min(placed.values()) >= starts // 16, placed  # a quarter of a fair share at least

@@ -310,6 +310,9 @@ async def start_cluster(
     # Every test request is on a new connection: let the first be handed over,
     # so that routing tests exercise the handoff wherever they would hop.
     handoff_from_request = settings_kw.pop("handoff_from_request", 1)
+    # These tests choose which worker accepts each request and expect a start
+    # to open its session there; tests of balanced placement ask for it.
+    settings_kw.setdefault("placement", "local")
     settings = Settings(workers=n, secret=SECRET, routes_sessions_to_holder=routed, **settings_kw)
     runtime_dir = None
     if settings.routed and not settings.redis_claims:

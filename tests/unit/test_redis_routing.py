@@ -312,7 +312,7 @@ async def _raw_post(address: str, target: str, headers, body: bytes) -> tuple[in
 
 SIGNATURE_CASES = [
     "unsigned", "other_secret", "other_worker", "other_body", "digest_of_sent_body",
-    "other_cookie", "added_header", "stale", "huge_timestamp", "garbage", "twice",
+    "other_cookie", "added_header", "added_mark", "stale", "huge_timestamp", "garbage", "twice",
 ]  # fmt: skip
 
 
@@ -344,6 +344,8 @@ async def test_the_private_listener_refuses_requests_without_a_valid_signature(h
         sent = [(b"cookie", b"gym_session=someone-else"), (SIGNATURE_HEADER, good)]
     elif case == "added_header":
         sent += [(b"x-gym-close-follows", b"1"), (SIGNATURE_HEADER, good)]
+    elif case == "added_mark":  # a hop mark (HELD_MARK) nobody signed
+        sent += [(b"x-gym-hop-held", b"1"), (SIGNATURE_HEADER, good)]
     elif case == "stale":
         with_old_clock = ForwardSigner(SECRET)
         old = str(int(time.time()) - 120).encode()
