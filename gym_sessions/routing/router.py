@@ -297,15 +297,13 @@ class SessionRouter:
         runs_to_completion: Collection[str] = (),
         snapshots: SessionSnapshots | None = None,
         handoff: Handoff | None = None,
-    ) -> None:
-        self.app = app
-        self.handoff = handoff
-        #: Requests sent on to a holder: handed over or hopped (``/health``).
-        self.deliveries = handoff.counts if handoff is not None else HandoffCounts()
         placement: Placement | None = None,
     ) -> None:
         self.app = app
+        self.handoff = handoff
         self.placement = placement
+        #: Requests sent on to a holder: handed over or hopped (``/health``).
+        self.deliveries = handoff.counts if handoff is not None else HandoffCounts()
         self.runs_to_completion = frozenset(runs_to_completion)
         self.snapshots = snapshots
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
