@@ -37,7 +37,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any, TypeVar
 
@@ -47,6 +47,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
 from gym_sessions.client.protocol import EnvDescription
+from gym_sessions.client.step_batch import StepBatch
 from gym_sessions.errors import SessionGoneError
 
 __all__ = ["RemoteVectorEnv", "sub_env_info"]
@@ -140,10 +141,13 @@ def _close_abandoned(pid: int, loop: _EventLoopThread, envs: list[AsyncRemoteEnv
 
 
 async def _step_then_reset(
-    env: AsyncRemoteEnv, action: Any, max_steps: int | None, length: int
+    env: AsyncRemoteEnv,
+    step: Awaitable[tuple[Any, float, bool, bool, dict[str, Any]]],
+    max_steps: int | None,
+    length: int,
 ) -> tuple[tuple[Any, float, bool, bool, dict[str, Any]], tuple[Any, dict[str, Any]] | None]:
     """SAME_STEP: step, and reset at once if the episode ended (or reached ``max_steps``)."""
-    result = await env.step(action)
+    result = await step
     if result[2] or result[3] or (max_steps is not None and length + 1 >= max_steps):
         return result, await env.reset()
     return result, None
@@ -178,6 +182,9 @@ class RemoteVectorEnv(VectorEnv):
         max_episode_steps: Truncate episodes after this many steps, counted here
             (as ``gymnasium.make(..., max_episode_steps=...)`` does with ``TimeLimit``).
         copy: Return copies of the batched observations, as ``SyncVectorEnv`` does.
+        step_batch: Step the sub-envs with one ``POST /step_batch`` per worker
+            holding some of them, when the server offers it (``/spaces``);
+            ``False``: one ``/step`` per sub-env, as against an older server.
     """
 
     def __init__(
@@ -191,6 +198,7 @@ class RemoteVectorEnv(VectorEnv):
         max_episode_steps: int | None = None,
         copy: bool = True,
         headers: Mapping[str, str] | None = None,
+        step_batch: bool = True,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
@@ -220,6 +228,8 @@ class RemoteVectorEnv(VectorEnv):
             self._close_at_exit()
             raise
         self.description: EnvDescription = first.protocol.description
+        #: The server's batch route, if used (see ``step_batch``).
+        self.step_batch = self.description.step_batch if step_batch else None
         self.envs += [first] + [self._new_env() for _ in range(num_envs - 1)]
 
         self.metadata = {**self.description.metadata, "autoreset_mode": self.autoreset_mode}
@@ -332,16 +342,23 @@ class RemoteVectorEnv(VectorEnv):
                 f"sub-envs {ended} have ended and autoreset is disabled: reset them with "
                 "reset(options={'reset_mask': mask})"
             )
+        resets = mode == AutoresetMode.NEXT_STEP
+        stepping = {
+            i: action
+            for i, action in enumerate(iterate(self.action_space, actions))
+            if not (resets and self._autoreset_envs[i])
+        }
+        steps = self._steps(stepping)
         calls: list[tuple[int, Awaitable[Any]]] = []
-        for i, action in enumerate(iterate(self.action_space, actions)):
+        for i in range(self.num_envs):
             env = self.envs[i]
-            if mode == AutoresetMode.NEXT_STEP and self._autoreset_envs[i]:
+            if i not in stepping:
                 calls.append((i, env.reset()))
             elif mode == AutoresetMode.SAME_STEP:
                 length = int(self._episode_lengths[i])
-                calls.append((i, _step_then_reset(env, action, self.max_episode_steps, length)))
+                calls.append((i, _step_then_reset(env, steps(i), self.max_episode_steps, length)))
             else:
-                calls.append((i, env.step(action)))
+                calls.append((i, steps(i)))
         results = self._call_all(calls)
 
         infos: dict[str, Any] = {}
@@ -371,6 +388,16 @@ class RemoteVectorEnv(VectorEnv):
             np.copy(self._truncations),
             infos,
         )
+
+    def _steps(
+        self, actions: Mapping[int, Any]
+    ) -> Callable[[int], Awaitable[tuple[Any, float, bool, bool, dict[str, Any]]]]:
+        """Sub-env ``i``'s step of ``actions[i]``: in the step batches, or alone without them."""
+        offer = self.step_batch
+        if offer is None or len(actions) < 2:
+            return lambda i: self.envs[i].step(actions[i])
+        batch = StepBatch(self.envs, actions, offer["path"], offer["max_entries"])
+        return batch.step
 
     def _record_step(
         self, i: int, observation: Any, reward: float, terminated: bool, truncated: bool

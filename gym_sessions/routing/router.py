@@ -78,6 +78,7 @@ from gym_sessions.routing.session_ids import (
     route_path,
 )
 from gym_sessions.routing.session_snapshots import SessionSnapshots
+from gym_sessions.routing.step_batch import StepBatchRoute, is_step_batch
 
 __all__ = [
     "FORWARDED_BY_HEADER",
@@ -217,6 +218,8 @@ class SessionRouter:
             handler, and every forward, is.
         snapshots: Durable sessions (``--durable-sessions``): snapshots are
             written before replies, and a dead holder's sessions restored here.
+        step_batch: Serves ``/step_batch``, which names no session of its own:
+            each entry is routed to its holder (`gym_sessions.routing.step_batch`).
     """
 
     def __init__(
@@ -240,10 +243,12 @@ class SessionRouter:
         body_budget: BodyBudget | None = None,
         runs_to_completion: Collection[str] = (),
         snapshots: SessionSnapshots | None = None,
+        step_batch: StepBatchRoute | None = None,
     ) -> None:
         self.app = app
         self.runs_to_completion = frozenset(runs_to_completion)
         self.snapshots = snapshots
+        self.step_batch = step_batch
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
         self.worker_ids = worker_ids or _no_workers
         # Requests other workers forwarded here: a worker shutting down waits for them.
@@ -308,6 +313,12 @@ class SessionRouter:
             if signed_digest is not None:
                 assert self.forward_signer is not None  # the head was checked by it
                 self.forward_signer.verify_body(signed_digest, body)
+            if self.step_batch is not None and is_step_batch(scope):
+                # Names no session itself: each entry goes to its own holder.
+                await self.step_batch.serve(
+                    scope, body, send, private=private, send_error=send_error
+                )
+                return
             routed = self._find_session(scope, body)
         except _ClientDisconnected:
             return

@@ -63,8 +63,10 @@ from gym_sessions.routing.session_snapshots import (
     SnapshotCodec,
     SnapshotStore,
 )
+from gym_sessions.routing.step_batch import StepBatchRoute
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
+from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.settings import Settings
 
 __all__ = ["SERVER_MARK", "WorkerApp", "create_app", "new_worker_id"]
@@ -252,6 +254,18 @@ class WorkerApp:
             runs_to_completion=server.runs_to_completion_paths,
             snapshots=self.snapshots,
         )
+        steps = server.batch_steps() if isinstance(server, ResourcesServer) else None
+        if steps is not None:
+            self.router.step_batch = StepBatchRoute(
+                steps,
+                sources=server.sources,
+                credentials=self.credentials,
+                claims=self.claims,
+                access=self.router.access,
+                forwarder=self.forwarder,
+                snapshots=self.snapshots,
+                record_step=lambda seconds: _record_step(server, seconds),
+            )
         # Outermost: /metrics and the request counts, around the routing rule.
         self._entry: ASGIApp = self.router
         if self.metrics is not None:
@@ -438,3 +452,10 @@ class WorkerApp:
 def create_app(server: SessionServer, settings: Settings | None = None) -> WorkerApp:
     """The ASGI app of one worker serving ``server`` with ``settings``."""
     return WorkerApp(server, settings or Settings())
+
+
+def _record_step(server: SessionServer, seconds: float) -> None:
+    """A batch entry's step time, in the tool-call series of ``/step`` (operator metrics)."""
+    metrics = server.operator_metrics
+    if metrics is not None:
+        metrics.tool_call("step", "http", seconds)
