@@ -3,16 +3,21 @@
 Against one ``gym-sessions serve CartPole-v1 --workers 4`` server:
 
 - ``make_vec``: ``gymnasium.make_vec("gym_sessions/Remote-v0", num_envs=N)``, one
-  process, one event loop thread, N kept-alive connections (N = 1, 8, 64);
+  process, one event loop thread, N kept-alive connections (N = 1, 8, 64),
+  stepping with one ``POST /step_batch`` per worker holding some sessions;
+- ``make_vec /step``: the same with ``step_batch=False``: one ``POST /step``
+  per sub-env, the path before batches (N = 8, 64);
 - ``AsyncVectorEnv``: ``make_vec(..., vectorization_mode="async")``, one
   process per `RemoteEnv` (N = 1, 8, and 64 unless ``--no-async-64``).
 
 Rounds interleave the configurations (order rotated each round); each cell
-is the median over rounds of (N x vector steps) / seconds, creation excluded.
+is the median over rounds of (N x vector steps) / seconds, creation excluded,
+and the batch gain is the median over rounds of each round's ``make_vec`` /
+``make_vec /step`` ratio at the same N.
 Random actions, NEXT_STEP autoreset (CartPole episodes end every ~20 steps, so
 about 5% of sub-env steps are resets). Run from the repository root:
 
-    .venv/bin/python benchmarks/vector_throughput.py [--rounds 5]
+    .venv/bin/python benchmarks/vector_throughput.py [--rounds 5] [--make-vec-only]
 
 Prints a Markdown table and writes vector_throughput.json
 into --out DIR (default benchmarks/results/local/, untracked).
@@ -38,6 +43,7 @@ WORKERS = 4
 # Vector steps per measurement: about a second or two each on 2 cores.
 VECTOR_STEPS = {1: 1500, 8: 400, 64: 60}
 WARMUP_STEPS = 10
+STEP_MODE = "make_vec /step"
 
 
 def measure(url: str, mode: str, n: int, seed: int) -> dict[str, float]:
@@ -45,6 +51,8 @@ def measure(url: str, mode: str, n: int, seed: int) -> dict[str, float]:
     started = time.perf_counter()
     if mode == "make_vec":
         envs = gym.make_vec("gym_sessions/Remote-v0", num_envs=n, url=url)
+    elif mode == STEP_MODE:
+        envs = gym.make_vec("gym_sessions/Remote-v0", num_envs=n, url=url, step_batch=False)
     else:
         envs = gym.make_vec(
             "gym_sessions/Remote-v0", num_envs=n, vectorization_mode="async", url=url
@@ -78,12 +86,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-async-64", action="store_true", help="skip AsyncVectorEnv N=64")
+    parser.add_argument(
+        "--make-vec-only", action="store_true", help="only make_vec, with and without batches"
+    )
     args = _common.parse_args(parser)
 
-    configs = [("make_vec", 1), ("make_vec", 8), ("make_vec", 64)]
-    configs += [("AsyncVectorEnv", 1), ("AsyncVectorEnv", 8)]
+    configs = [("make_vec", 1), ("make_vec", 8), ("make_vec", 64), (STEP_MODE, 8), (STEP_MODE, 64)]
     notes: list[str] = []
-    if args.no_async_64:
+    if not args.make_vec_only:
+        configs += [("AsyncVectorEnv", 1), ("AsyncVectorEnv", 8)]
+    if args.make_vec_only or args.no_async_64:
         notes.append("AsyncVectorEnv N=64 skipped (--no-async-64)")
     else:
         configs.append(("AsyncVectorEnv", 64))
@@ -126,6 +138,16 @@ def main() -> None:
             }
         )
 
+    gains: dict[int, dict[str, Any]] = {}
+    for n in (8, 64):
+        batched, single = runs.get(f"make_vec N={n}"), runs.get(f"{STEP_MODE} N={n}")
+        if batched and single and len(batched) == len(single):
+            ratios = [
+                b["steps_per_second"] / s["steps_per_second"]
+                for b, s in zip(batched, single, strict=True)
+            ]
+            gains[n] = {"median": statistics.median(ratios), "rounds": ratios}
+
     print(
         f"\nCartPole-v1 on {WORKERS} workers, {args.rounds} interleaved rounds, "
         f"{os.cpu_count()} cpus, load average before {load_before[0]:.2f}\n"
@@ -137,6 +159,11 @@ def main() -> None:
             f"| {row['client']} | {row['num_envs']} | {row['median_steps_per_second']:.0f} | "
             f"{row['min']:.0f} - {row['max']:.0f} | {row['median_create_seconds']:.2f} | "
             f"{row['median_caller_cpu_us_per_step']:.0f} |"
+        )
+    for n, gain in gains.items():
+        spread = ", ".join(f"{r:.2f}" for r in gain["rounds"])
+        print(
+            f"\nbatch gain at N={n} (make_vec / make_vec /step): {gain['median']:.2f}x ({spread})"
         )
     for note in notes:
         print(f"\nnote: {note}")
@@ -155,6 +182,7 @@ def main() -> None:
                 "load_average_after": os.getloadavg(),
             },
             "rows": rows,
+            "batch_gain": gains,
             "notes": notes,
         },
     )

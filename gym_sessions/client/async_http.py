@@ -151,8 +151,11 @@ class AsyncHTTPClient(HTTPClientBase):
             )
         return self._session
 
-    async def send(self, request: Request) -> Reply:
+    async def send(self, request: Request, *, over: AsyncHTTPClient | None = None) -> Reply:
         """Send ``request``; returns its reply.
+
+        ``over``: send it over that client's connection (same URL), with this
+        client's cookie and headers, and keep the cookie its reply sets here.
 
         Raises:
             ServerUnreachableError: the server cannot be reached.
@@ -161,9 +164,10 @@ class AsyncHTTPClient(HTTPClientBase):
             ReplyTimeoutError: no reply in time.
         """
         exchange = self.exchange(request)
+        shell = over or self
         while True:
             try:
-                status, headers, body = await self._round_trip(exchange)
+                status, headers, body = await shell._round_trip(exchange)
             except TransportFailure as failure:
                 exchange.failed(failure)  # returns only to send again
             else:

@@ -93,6 +93,10 @@ class AsyncRemoteEnv:
         self._protocol: RemoteEnvProtocol | None = None
         self._np_random: np.random.Generator | None = None
         self._close_at_exit = close_at_exit
+        #: Another env whose connection this env's sessions start over (`RemoteVectorEnv`
+        #: sets it: sessions started over one connection are held by one worker,
+        #: so one step batch steps them all); ``None``: this env's own.
+        self.starts_over: AsyncRemoteEnv | None = None
         if description is not None:
             self._describe(description)
 
@@ -157,7 +161,10 @@ class AsyncRemoteEnv:
         protocol = self.protocol
         if seed is not None:
             self._np_random, _ = seeding.np_random(seed)
-        reply = await self._http.send(protocol.reset_request(seed, options))
+        # A session's first start picks its worker; later resets reach it anyway.
+        first_start = protocol.closed or not protocol.started
+        over = self.starts_over._http if self.starts_over is not None and first_start else None
+        reply = await self._http.send(protocol.reset_request(seed, options), over=over)
         observation, info = protocol.reset_reply(reply)
         if protocol.worker is None:
             protocol.health_reply(await self._http.send(protocol.health_request()))

@@ -34,7 +34,7 @@ StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 
 
 class StepBatch:
-    """The steps of ``actions`` (sub-env index to action), sent together on first `step`.
+    """The steps of ``actions`` (sub-env index to action), sent together by `run`.
 
     Args:
         envs: Every sub-env of the vector env.
@@ -54,18 +54,9 @@ class StepBatch:
         self.actions = dict(actions)
         self.path = path
         self.max_entries = max_entries
-        self._task: asyncio.Task[dict[int, StepResult | BaseException]] | None = None
 
-    async def step(self, index: int) -> StepResult:
-        """Sub-env ``index``'s step result (its error raised), once the batches are in."""
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        result = (await self._task)[index]
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    async def _run(self) -> dict[int, StepResult | BaseException]:
+    async def run(self) -> dict[int, StepResult | BaseException]:
+        """Send the batches; each sub-env's step result, or the error its step raised."""
         results: dict[int, StepResult | BaseException] = {}
         groups: dict[str | None, list[tuple[int, dict[str, Any]]]] = {}
         alone: list[int] = []
