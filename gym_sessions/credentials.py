@@ -57,6 +57,8 @@ COOKIE_MAX_AGE_SECONDS = 14 * 24 * 60 * 60
 #: How far in the reader's future a cookie's or token's timestamp may be (another
 #: host's clock running ahead). Fernet's built-in tolerance, applied to cookies too.
 CLOCK_SKEW_SECONDS = 60
+#: Verified cookie values a `SessionCredentials` remembers (then it starts afresh).
+_VERIFIED_COOKIES = 4096
 #: Key of the session's incarnation nonce in the cookie data (beside its id).
 INCARNATION_KEY = "incarnation"
 
@@ -90,6 +92,10 @@ class SessionCredentials:
         self._cookie_signer = itsdangerous.TimestampSigner(secret)
         self._token_cipher = Fernet(base64.urlsafe_b64encode(_derived_key(secret, b"mcp-token")))
         self._session_key_mac = _derived_key(secret, b"session-key")
+        # Cookie values whose signature verified, with their data and signing time:
+        # a session's every request brings the same value (a step batch, one per
+        # entry), and checking the signature is most of reading it.
+        self._verified_cookies: dict[str, tuple[dict[str, Any], int]] = {}
 
     def encode_cookie(self, data: dict[str, Any]) -> str:
         """The cookie value carrying ``data``."""
@@ -99,17 +105,29 @@ class SessionCredentials:
     def decode_cookie(self, value: str) -> dict[str, Any] | None:
         """The data of a cookie value, or ``None`` if it is tampered, expired or malformed."""
         signer = self._cookie_signer
+        verified = self._verified_cookies.get(value)
+        if verified is not None:
+            # The very string verified before: only its age can have changed.
+            data, signed_at = verified
+            age = signer.get_timestamp() - signed_at
+            return dict(data) if -CLOCK_SKEW_SECONDS <= age <= COOKIE_MAX_AGE_SECONDS else None
         try:
             # No max_age: itsdangerous would refuse a cookie signed by a host whose
             # clock is even a second ahead ("Signature age -1 < 0").
-            payload, signed_at = signer.unsign(value, return_timestamp=True)
-            age = signer.get_timestamp() - int(signed_at.timestamp())
+            payload, signed = signer.unsign(value, return_timestamp=True)
+            signed_at = int(signed.timestamp())
+            age = signer.get_timestamp() - signed_at
             if not -CLOCK_SKEW_SECONDS <= age <= COOKIE_MAX_AGE_SECONDS:
                 return None
             data = json.loads(b64decode(payload, validate=True))
         except (itsdangerous.BadSignature, binascii.Error, ValueError):
             return None
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return None
+        if len(self._verified_cookies) >= _VERIFIED_COOKIES:
+            self._verified_cookies.clear()  # bounded; hits are the same sessions' next requests
+        self._verified_cookies[value] = (data, signed_at)
+        return dict(data)
 
     def set_cookie_header(self, data: dict[str, Any]) -> bytes:
         """A ``Set-Cookie`` header value storing ``data``."""
