@@ -144,7 +144,7 @@ class AsyncRemoteEnv:
 
     @property
     def worker(self) -> str | None:
-        """The worker holding the session (from ``GET /health`` after the session's first reset)."""
+        """The worker holding the session (from ``/health`` after its first reset, and batches)."""
         return self._protocol.worker if self._protocol is not None else None
 
     @property

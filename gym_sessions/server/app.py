@@ -63,7 +63,7 @@ from gym_sessions.routing.session_snapshots import (
     SnapshotCodec,
     SnapshotStore,
 )
-from gym_sessions.routing.step_batch import StepBatchRoute
+from gym_sessions.routing.step_batch import STEP_BATCH_PATH, StepBatchRoute
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.resources import ResourcesServer
@@ -221,6 +221,8 @@ class WorkerApp:
         self.metrics: WorkerMetrics | None = None
         if settings.metrics:
             templates = [route.path for route in routes if isinstance(route, Route)]
+            if isinstance(server, ResourcesServer) and server.batch_steps() is not None:
+                templates.append(STEP_BATCH_PATH)  # answered by the router, not a route
             self.metrics = self._start_metrics(server, templates)
         starlette = Starlette(
             routes=[*routes, Mount("/rollouts/{rollout_id}", routes=routes)],

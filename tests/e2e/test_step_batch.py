@@ -355,3 +355,11 @@ def test_any_batch_gets_a_json_answer_and_no_session_moves(counter_url, entries)
     else:
         assert reply["error"]["code"] == "invalid_request"
     assert episode_length(counter_url, cookie) == 0
+
+
+def test_batches_are_counted_under_their_own_route(counter_url):
+    _, cookie = start(counter_url)
+    batch(counter_url, [{"cookie": cookie, "action": 1}])
+    with urllib.request.urlopen(counter_url + "/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    assert 'route="/step_batch"' in text
