@@ -3,16 +3,25 @@
 Against one ``gym-sessions serve CartPole-v1 --workers 4`` server:
 
 - ``make_vec``: ``gymnasium.make_vec("gym_sessions/Remote-v0", num_envs=N)``, one
-  process, one event loop thread, N kept-alive connections (N = 1, 8, 64);
+  process, one event loop thread, N kept-alive connections (N = 1, 8, 64),
+  stepping with one ``POST /step_batch`` per worker holding some sessions;
+- ``make_vec /step``: the same with ``step_batch=False``: one ``POST /step``
+  per sub-env (N = 8, 64);
+- ``make_vec @REV`` (``--baseline REV``, e.g. ``main``): ``make_vec`` of that
+  commit, client and server both (a ``git worktree`` of it, the client in its
+  own process, the server a second 4-worker server beside ours), N = 8, 64;
 - ``AsyncVectorEnv``: ``make_vec(..., vectorization_mode="async")``, one
   process per `RemoteEnv` (N = 1, 8, and 64 unless ``--no-async-64``).
 
 Rounds interleave the configurations (order rotated each round); each cell
-is the median over rounds of (N x vector steps) / seconds, creation excluded.
+is the median over rounds of (N x vector steps) / seconds, creation excluded,
+and the batch gain is the median over rounds of each round's ``make_vec`` /
+``make_vec /step`` ratio at the same N.
 Random actions, NEXT_STEP autoreset (CartPole episodes end every ~20 steps, so
 about 5% of sub-env steps are resets). Run from the repository root:
 
-    .venv/bin/python benchmarks/vector_throughput.py [--rounds 5]
+    .venv/bin/python benchmarks/vector_throughput.py [--rounds 5] [--make-vec-only] \
+        [--baseline main]
 
 Prints a Markdown table and writes vector_throughput.json
 into --out DIR (default benchmarks/results/local/, untracked).
@@ -21,9 +30,13 @@ into --out DIR (default benchmarks/results/local/, untracked).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -35,9 +48,29 @@ import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.server.process import start_server
 
 WORKERS = 4
+HERE = os.path.dirname(os.path.abspath(__file__))
 # Vector steps per measurement: about a second or two each on 2 cores.
 VECTOR_STEPS = {1: 1500, 8: 400, 64: 60}
 WARMUP_STEPS = 10
+STEP_MODE = "make_vec /step"
+
+
+def measure_revision(path: str, url: str, n: int, seed: int) -> dict[str, float]:
+    """`measure` of ``make_vec`` in a child process importing the worktree at ``path``."""
+    code = f"import sys, json; sys.path[:0] = [{path!r}, {HERE!r}]; import vector_throughput as v; "
+    code += f"print(json.dumps(v.measure({url!r}, 'make_vec', {n}, {seed})))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=path,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def measure(url: str, mode: str, n: int, seed: int) -> dict[str, float]:
@@ -45,6 +78,8 @@ def measure(url: str, mode: str, n: int, seed: int) -> dict[str, float]:
     started = time.perf_counter()
     if mode == "make_vec":
         envs = gym.make_vec("gym_sessions/Remote-v0", num_envs=n, url=url)
+    elif mode == STEP_MODE:
+        envs = gym.make_vec("gym_sessions/Remote-v0", num_envs=n, url=url, step_batch=False)
     else:
         envs = gym.make_vec(
             "gym_sessions/Remote-v0", num_envs=n, vectorization_mode="async", url=url
@@ -78,12 +113,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-async-64", action="store_true", help="skip AsyncVectorEnv N=64")
+    parser.add_argument(
+        "--make-vec-only", action="store_true", help="only make_vec, with and without batches"
+    )
+    parser.add_argument("--baseline", help="also make_vec of this commit (client and server)")
     args = _common.parse_args(parser)
+    with contextlib.ExitStack() as stack:
+        baseline = None
+        if args.baseline:
+            (revision,) = stack.enter_context(_common.worktrees([args.baseline]))
+            server = stack.enter_context(
+                _common.start_revision_server(revision, "CartPole-v1", workers=WORKERS)
+            )
+            baseline = (revision, server.url)
+        run(args, baseline)
 
-    configs = [("make_vec", 1), ("make_vec", 8), ("make_vec", 64)]
-    configs += [("AsyncVectorEnv", 1), ("AsyncVectorEnv", 8)]
+
+def run(args: argparse.Namespace, baseline: tuple[Any, str] | None) -> None:
+    """The interleaved rounds and the report; ``baseline``: (revision, its server's URL)."""
+
+    configs = [("make_vec", 1), ("make_vec", 8), ("make_vec", 64), (STEP_MODE, 8), (STEP_MODE, 64)]
     notes: list[str] = []
-    if args.no_async_64:
+    if not args.make_vec_only:
+        configs += [("AsyncVectorEnv", 1), ("AsyncVectorEnv", 8)]
+    base_mode = f"make_vec @{args.baseline}" if baseline else None
+    if base_mode:
+        configs += [(base_mode, 8), (base_mode, 64)]
+    if args.make_vec_only or args.no_async_64:
         notes.append("AsyncVectorEnv N=64 skipped (--no-async-64)")
     else:
         configs.append(("AsyncVectorEnv", 64))
@@ -98,7 +154,10 @@ def main() -> None:
                 if key not in runs:
                     continue
                 try:
-                    result = measure(server.url, mode, n, seed=round_)
+                    if mode == base_mode and baseline is not None:
+                        result = measure_revision(baseline[0].path, baseline[1], n, seed=round_)
+                    else:
+                        result = measure(server.url, mode, n, seed=round_)
                 except Exception as exc:  # e.g. 64 processes too heavy for the machine
                     notes.append(f"{key} skipped in round {round_}: {type(exc).__name__}: {exc}")
                     del runs[key]
@@ -126,6 +185,17 @@ def main() -> None:
             }
         )
 
+    gains: dict[str, dict[str, Any]] = {}
+    for other in (STEP_MODE, base_mode):
+        for n in (8, 64):
+            batched, single = runs.get(f"make_vec N={n}"), runs.get(f"{other} N={n}")
+            if batched and single and len(batched) == len(single):
+                ratios = [
+                    b["steps_per_second"] / s["steps_per_second"]
+                    for b, s in zip(batched, single, strict=True)
+                ]
+                gains[f"{other} N={n}"] = {"median": statistics.median(ratios), "rounds": ratios}
+
     print(
         f"\nCartPole-v1 on {WORKERS} workers, {args.rounds} interleaved rounds, "
         f"{os.cpu_count()} cpus, load average before {load_before[0]:.2f}\n"
@@ -138,6 +208,9 @@ def main() -> None:
             f"{row['min']:.0f} - {row['max']:.0f} | {row['median_create_seconds']:.2f} | "
             f"{row['median_caller_cpu_us_per_step']:.0f} |"
         )
+    for key, gain in gains.items():
+        spread = ", ".join(f"{r:.2f}" for r in gain["rounds"])
+        print(f"\nmake_vec / {key}: {gain['median']:.2f}x ({spread})")
     for note in notes:
         print(f"\nnote: {note}")
 
@@ -155,6 +228,8 @@ def main() -> None:
                 "load_average_after": os.getloadavg(),
             },
             "rows": rows,
+            "baseline": None if baseline is None else baseline[0].commit,
+            "gains": gains,
             "notes": notes,
         },
     )

@@ -62,6 +62,8 @@ COOKIE_MAX_AGE_SECONDS = 14 * 24 * 60 * 60
 #: How far in the reader's future a cookie's or token's timestamp may be (another
 #: host's clock running ahead). Fernet's built-in tolerance, applied to cookies too.
 CLOCK_SKEW_SECONDS = 60
+#: Verified cookie values a `SessionCredentials` remembers (then it starts afresh).
+_VERIFIED_COOKIES = 4096
 #: Key of the session's incarnation nonce in the cookie data (beside its id).
 INCARNATION_KEY = "incarnation"
 
@@ -100,6 +102,10 @@ class SessionCredentials:
         self._cookie_sep = itsdangerous.want_bytes(self._cookie_signer.sep)
         self._token_cipher = Fernet(base64.urlsafe_b64encode(_derived_key(secret, b"mcp-token")))
         self._session_key_mac = _derived_key(secret, b"session-key")
+        # Cookie values whose signature verified, with their data and signing time:
+        # a session's every request brings the same value (a step batch, one per
+        # entry), and checking the signature is most of reading it.
+        self._verified_cookies: dict[str, tuple[dict[str, Any], int]] = {}
 
     def encode_cookie(self, data: dict[str, Any]) -> str:
         """The cookie value carrying ``data``."""
@@ -112,6 +118,12 @@ class SessionCredentials:
         The value is ``payload.timestamp.signature`` as itsdangerous signs it;
         only the signer's canonical encoding of a valid signature is accepted.
         """
+        verified = self._verified_cookies.get(value)
+        if verified is not None:
+            # The very string verified before: only its age can have changed.
+            data, signed_at = verified
+            age = int(time.time()) - signed_at
+            return dict(data) if -CLOCK_SKEW_SECONDS <= age <= COOKIE_MAX_AGE_SECONDS else None
         try:
             signed = value.encode("ascii")
         except UnicodeEncodeError:
@@ -135,7 +147,12 @@ class SessionCredentials:
             data = json.loads(b64decode(payload, validate=True))
         except (binascii.Error, ValueError):
             return None
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return None
+        if len(self._verified_cookies) >= _VERIFIED_COOKIES:
+            self._verified_cookies.clear()  # bounded; hits are the same sessions' next requests
+        self._verified_cookies[value] = (data, signed_at)
+        return dict(data)
 
     def set_cookie_header(self, data: dict[str, Any]) -> bytes:
         """A ``Set-Cookie`` header value storing ``data``."""

@@ -170,6 +170,20 @@ def test_maximum_age_is_judged_on_the_readers_clock_without_skew(clock, age, acc
     assert (CREDENTIALS.read_token(token) is not None) is accepted
 
 
+def test_a_cookie_read_before_is_judged_again_on_each_read(clock):
+    # Decoding remembers verified values: their age is still checked every time,
+    # and what a reader does with the data it got changes nothing for the next.
+    cookie, _ = _cookie_and_token_minted_at(clock, NOW)
+    first = CREDENTIALS.decode_cookie(cookie)
+    assert first == {"session_id": "a"}
+    first["session_id"] = "b"
+    assert CREDENTIALS.decode_cookie(cookie) == {"session_id": "a"}
+    clock(NOW + COOKIE_MAX_AGE_SECONDS + 1)
+    assert CREDENTIALS.decode_cookie(cookie) is None
+    clock(NOW)
+    assert CREDENTIALS.decode_cookie(cookie[:-1] + ("A" if cookie[-1] != "A" else "B")) is None
+
+
 def test_future_dated_credentials_still_need_the_secret(clock):
     cookie, token = _cookie_and_token_minted_at(clock, NOW + 10)
     assert OTHER.decode_cookie(cookie) is None

@@ -1,22 +1,23 @@
-"""The asyncio HTTP shell of the clients: aiohttp with one kept-alive connection per session.
+"""The asyncio HTTP shell of the clients: one kept-alive HTTP/1.1 connection per session.
 
-The connector holds at most one connection (``limit=1``), so every request of a
-session goes over the connection that started it and reaches the worker that
-claimed the session, with no routing hop. If that connection closes, the next
-one carries the session cookie and the server routes it to the holder. No
-cookie jar: the session cookie is kept by hand (`HTTPClientBase`), as in the
-blocking client, so that sessions sharing a host never see each other's cookie.
-A server that holds many sessions of its own (the agent) passes its pool
-instead (``pool=``): the requests share its connections and its timeouts.
+Every request of a session goes over the connection that started it
+(`gym_sessions.client.http11`: asyncio, one request at a time), and reaches
+the worker that claimed the session, with no routing hop. If that connection
+closes, the next one carries the session cookie and the server routes it to
+the holder. No cookie jar: the session cookie is kept by hand
+(`HTTPClientBase`), as in the blocking client, so that sessions sharing a host
+never see each other's cookie. A server that holds many sessions of its own
+(the agent) passes its aiohttp pool instead (``pool=``): the requests share
+its connections and its timeouts (``https`` too).
 
 Like the blocking shell, this module only moves bytes and names how a send
 failed; the rules are `gym_sessions.client.exchange`'s and
 `gym_sessions.client.step_recovery`'s.
 
-`AsyncHTTPClient.close_soon` closes the aiohttp session without ``await``, from
+`AsyncHTTPClient.close_soon` closes the connection without ``await``, from
 any thread, even after its event loop has closed: an env collected or still
-open at interpreter exit must not leave aiohttp's "Unclosed client session"
-message behind.
+open at interpreter exit leaves no socket or aiohttp "Unclosed client
+session" message behind.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Coroutine, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 import aiohttp
 
@@ -37,15 +37,12 @@ from gym_sessions.client.exchange import (
     Request,
     TransportFailure,
 )
+from gym_sessions.client.http11 import Http11Connection
 from gym_sessions.client.step_recovery import StepRecovery
 from gym_sessions.errors import GymSessionsError
 from gym_sessions.wire import SESSION_COOKIE
 
 __all__ = ["AsyncHTTPClient"]
-
-# The client drops an idle connection before the server would (its keep-alive
-# is 120 s), so a kept-alive connection is never reused half-closed.
-_IDLE_SECONDS = 60.0
 
 #: Seconds `AsyncHTTPClient.close_soon` waits for a loop in another thread.
 _CLOSE_SOON_SECONDS = 1.0
@@ -57,20 +54,6 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-def _run_without_loop(coroutine: Coroutine[Any, Any, Any]) -> None:
-    """Run ``coroutine`` up to its first suspension, then drop it.
-
-    Closing an aiohttp session closes its sockets (or, once its loop has
-    closed, just marks it closed) before it first suspends; what follows only
-    waits for the sockets to finish closing, which a closed or busy loop cannot do.
-    """
-    try:
-        coroutine.send(None)
-    except StopIteration:
-        return
-    coroutine.close()
 
 
 @contextlib.contextmanager
@@ -104,7 +87,7 @@ class AsyncHTTPClient(HTTPClientBase):
             its cookie jar is not used.
     """
 
-    _session: aiohttp.ClientSession | None = None
+    _connection: Http11Connection | None = None
     _loop: asyncio.AbstractEventLoop | None = None
 
     def __init__(
@@ -134,25 +117,22 @@ class AsyncHTTPClient(HTTPClientBase):
         )
         self._pool = pool
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._pool is not None:
-            return self._pool
-        if self._session is None or self._session.closed:
-            if self.keep_alive:
-                connector = aiohttp.TCPConnector(limit=1, keepalive_timeout=_IDLE_SECONDS)
-            else:  # aiohttp refuses an idle timeout for connections it never keeps
-                connector = aiohttp.TCPConnector(limit=1, force_close=True)
-            self._loop = asyncio.get_running_loop()
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-                auto_decompress=False,
+    def _connected(self) -> Http11Connection:
+        loop = asyncio.get_running_loop()
+        if self._connection is None or self._loop is not loop:
+            if self._connection is not None:
+                self._connection.close()  # of another (finished) loop
+            self._connection = Http11Connection(
+                self._host, self._port, timeout=self.timeout, keep_alive=self.keep_alive
             )
-        return self._session
+            self._loop = loop
+        return self._connection
 
-    async def send(self, request: Request) -> Reply:
+    async def send(self, request: Request, *, over: AsyncHTTPClient | None = None) -> Reply:
         """Send ``request``; returns its reply.
+
+        ``over``: send it over that client's connection (same URL), with this
+        client's cookie and headers, and keep the cookie its reply sets here.
 
         Raises:
             ServerUnreachableError: the server cannot be reached.
@@ -161,9 +141,10 @@ class AsyncHTTPClient(HTTPClientBase):
             ReplyTimeoutError: no reply in time.
         """
         exchange = self.exchange(request)
+        shell = over or self
         while True:
             try:
-                status, headers, body = await self._round_trip(exchange)
+                status, headers, body = await shell._round_trip(exchange)
             except TransportFailure as failure:
                 exchange.failed(failure)  # returns only to send again
             else:
@@ -181,39 +162,53 @@ class AsyncHTTPClient(HTTPClientBase):
         return step.reply
 
     async def _round_trip(self, exchange: Exchange) -> tuple[int, list[tuple[str, str]], bytes]:
+        if self._pool is None:
+            target = self._prefix + exchange.path
+            connection = self._connected()
+            return await connection.round_trip(
+                exchange.method, target, exchange.headers, exchange.payload
+            )
         url = self.url + exchange.path
         with _send_failures():
-            async with self._client().request(
+            async with self._pool.request(
                 exchange.method, url, data=exchange.payload or None, headers=exchange.headers
             ) as response:
                 return response.status, list(response.headers.items()), await response.read()
 
     async def close(self) -> None:
         """Close the connection (a later request opens a new one)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+            await asyncio.sleep(0)  # lets the transport finish closing its socket
 
     def close_soon(self) -> None:
         """Close the connection without ``await``, from any thread; never raises.
 
         For garbage collection and interpreter exit. A loop running in another
         thread closes it (waited for up to a second); a loop that is not running
-        is run to close it; otherwise (the loop has closed, or runs this very
-        code) the sockets are closed at once without waiting for them.
+        is run once to close it; a loop that has closed cannot, so the socket
+        is shut down at once (the server sees the connection end).
         """
-        session, loop = self._session, self._loop
-        self._session = None
-        if session is None or loop is None or session.closed:
+        connection, loop = self._connection, self._loop
+        self._connection = None
+        if connection is None or loop is None:
             return
         with contextlib.suppress(Exception):
             here = _running_loop()
-            if loop.is_closed() or loop is here:
-                _run_without_loop(session.close())
+            if loop.is_closed():
+                connection.shut_down()
+            elif loop is here:
+                connection.close()
             elif loop.is_running():
-                closing = asyncio.run_coroutine_threadsafe(session.close(), loop)
+                closing = asyncio.run_coroutine_threadsafe(_close(connection), loop)
                 closing.result(_CLOSE_SOON_SECONDS)
             elif here is None:
-                loop.run_until_complete(session.close())
+                loop.run_until_complete(_close(connection))
             else:
-                _run_without_loop(session.close())
+                connection.shut_down()
+
+
+async def _close(connection: Http11Connection) -> None:
+    connection.close()
+    await asyncio.sleep(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -13,12 +14,19 @@ from gymnasium.utils import seeding
 
 from gym_sessions.client import lifecycle
 from gym_sessions.client.async_http import AsyncHTTPClient
+from gym_sessions.client.exchange import Request
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
     EnvDescription,
     RemoteEnvProtocol,
 )
-from gym_sessions.errors import SessionGoneError
+from gym_sessions.errors import (
+    ConnectionLostError,
+    InternalServerError,
+    SessionGoneError,
+    error_from_body,
+)
+from gym_sessions.spaces import value_to_json
 
 __all__ = ["AsyncRemoteEnv"]
 
@@ -85,6 +93,10 @@ class AsyncRemoteEnv:
         self._protocol: RemoteEnvProtocol | None = None
         self._np_random: np.random.Generator | None = None
         self._close_at_exit = close_at_exit
+        #: Another env whose connection this env's sessions start over (`RemoteVectorEnv`
+        #: sets it: sessions started over one connection are held by one worker,
+        #: so one step batch steps them all); ``None``: this env's own.
+        self.starts_over: AsyncRemoteEnv | None = None
         if description is not None:
             self._describe(description)
 
@@ -132,7 +144,7 @@ class AsyncRemoteEnv:
 
     @property
     def worker(self) -> str | None:
-        """The worker holding the session (from ``GET /health`` after the session's first reset)."""
+        """The worker holding the session (from ``/health`` after its first reset, and batches)."""
         return self._protocol.worker if self._protocol is not None else None
 
     @property
@@ -149,7 +161,10 @@ class AsyncRemoteEnv:
         protocol = self.protocol
         if seed is not None:
             self._np_random, _ = seeding.np_random(seed)
-        reply = await self._http.send(protocol.reset_request(seed, options))
+        # A session's first start picks its worker; later resets reach it anyway.
+        first_start = protocol.closed or not protocol.started
+        over = self.starts_over._http if self.starts_over is not None and first_start else None
+        reply = await self._http.send(protocol.reset_request(seed, options), over=over)
         observation, info = protocol.reset_reply(reply)
         if protocol.worker is None:
             protocol.health_reply(await self._http.send(protocol.health_request()))
@@ -160,6 +175,46 @@ class AsyncRemoteEnv:
         protocol = self.protocol
         reply = await self._http.send_step(protocol.step_recovery(action))
         return protocol.step_reply(reply)
+
+    # Step batches (`gym_sessions.client.step_batch`) -------------------------------------
+
+    def batch_entry(self, action: Any) -> dict[str, Any] | None:
+        """This session's entry of a step batch; ``None`` without a session cookie yet."""
+        cookie = self._http.cookie
+        if cookie is None:
+            return None
+        return {"cookie": cookie, "action": value_to_json(self.action_space, action)}
+
+    async def send_batch(self, path: str, entries: list[dict[str, Any]]) -> list[Any]:
+        """Send a step batch over this env's connection; returns its per-entry results."""
+        request = Request("POST", path, {"entries": entries}, sends_cookie=False)
+        results = (await self._http.send(request)).json()["results"]
+        if not isinstance(results, list):
+            raise InternalServerError("a step batch reply must hold a list of results")
+        return results
+
+    def batch_result(self, result: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """This session's step from its batch result; raises the error ``/step`` would have."""
+        if not isinstance(result, dict):
+            raise InternalServerError(f"a step batch result must be an object, not {result!r}")
+        worker = result.get("worker")
+        if isinstance(worker, str):
+            self.protocol.worker = worker  # the holder, which groups the next batch
+        if "error" in result:
+            status = result.get("status")
+            raise error_from_body(
+                status if isinstance(status, int) else 500, json.dumps(result).encode()
+            )
+        return self.protocol.step_result(result)
+
+    async def recover_lost_step(
+        self, action: Any, lost: ConnectionLostError
+    ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """This session's step after its batch's reply was lost, as a lost ``/step`` recovers."""
+        protocol = self.protocol
+        recovery = protocol.step_recovery(action)
+        recovery.failed(lost)  # asks /observe next: did the step run?
+        return protocol.step_reply(await self._http.send_step(recovery))
 
     async def render(self) -> Any:
         """The served env's frame in this env's `render_mode` (``None`` without one)."""

@@ -71,6 +71,8 @@ class Request:
         new_session: The first start of a session: the client drops the cookie
             of an earlier (closed) session, which the server would refuse beside
             the new id (409).
+        sends_cookie: Send the session cookie (a step batch names its sessions
+            in its body, each with its own cookie, and must name none itself).
     """
 
     method: str
@@ -79,6 +81,7 @@ class Request:
     headers: Mapping[str, str] = field(default_factory=dict)
     resendable: bool = False
     new_session: bool = False
+    sends_cookie: bool = True
 
     def describe(self) -> str:
         return f"{self.method} {self.path}"
@@ -201,7 +204,7 @@ class HTTPClientBase:
             payload = json.dumps(request.body, allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
         cookies = [value for name, value in self.headers.items() if name.lower() == "cookie"]
-        if self.cookie:
+        if self.cookie and request.sends_cookie:
             cookies.append(f"{self.cookie_name}={self.cookie}")
         if cookies:  # one Cookie header: the caller's cookies and the session's
             headers["Cookie"] = "; ".join(cookies)

@@ -124,12 +124,15 @@ class EnvDescription:
         metadata: The env's metadata; ``render_modes`` keeps only the modes a
             client can receive (`WIRE_RENDER_MODES`).
         spec: The server's spec summary (``id``, ``max_episode_steps``, ...).
+        step_batch: The server's step batch route (``{"path", "max_entries"}``),
+            or ``None`` when it offers none (an older server).
     """
 
     observation_space: gym.Space[Any]
     action_space: gym.Space[Any]
     metadata: dict[str, Any]
     spec: dict[str, Any]
+    step_batch: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, reply: Mapping[str, Any]) -> EnvDescription:
@@ -141,6 +144,7 @@ class EnvDescription:
             space_from_json(reply["action_space"]),
             metadata,
             dict(reply.get("spec") or {}),
+            _step_batch(reply.get("step_batch")),
         )
 
     def check_render_mode(self, render_mode: str | None) -> None:
@@ -156,6 +160,18 @@ class EnvDescription:
             raise ValueError(
                 f"render_mode {render_mode!r} is not one of the served env's modes {modes}{hint}"
             )
+
+
+def _step_batch(offer: Any) -> dict[str, Any] | None:
+    """The ``/spaces`` batch offer, if it is one this client can use."""
+    if (
+        isinstance(offer, dict)
+        and isinstance(offer.get("path"), str)
+        and isinstance(offer.get("max_entries"), int)
+        and offer["max_entries"] > 0
+    ):
+        return {"path": offer["path"], "max_entries": offer["max_entries"]}
+    return None
 
 
 class RemoteEnvProtocol:
@@ -220,7 +236,10 @@ class RemoteEnvProtocol:
         return StepRecovery(step_request(encoded), self.episode_length)
 
     def step_reply(self, reply: Reply) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        data = reply.json()
+        return self.step_result(reply.json())
+
+    def step_result(self, data: Mapping[str, Any]) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """A ``/step`` reply's (or ``/step_batch`` entry's) fields as Gymnasium's tuple."""
         self.episode_length += 1
         return (
             value_from_json(self.description.observation_space, data["observation"]),

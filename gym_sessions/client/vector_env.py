@@ -47,6 +47,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
 from gym_sessions.client.protocol import EnvDescription
+from gym_sessions.client.step_batch import StepBatch
 from gym_sessions.errors import SessionGoneError
 
 __all__ = ["RemoteVectorEnv", "sub_env_info"]
@@ -140,10 +141,13 @@ def _close_abandoned(pid: int, loop: _EventLoopThread, envs: list[AsyncRemoteEnv
 
 
 async def _step_then_reset(
-    env: AsyncRemoteEnv, action: Any, max_steps: int | None, length: int
+    env: AsyncRemoteEnv,
+    step: Awaitable[tuple[Any, float, bool, bool, dict[str, Any]]],
+    max_steps: int | None,
+    length: int,
 ) -> tuple[tuple[Any, float, bool, bool, dict[str, Any]], tuple[Any, dict[str, Any]] | None]:
     """SAME_STEP: step, and reset at once if the episode ended (or reached ``max_steps``)."""
-    result = await env.step(action)
+    result = await step
     if result[2] or result[3] or (max_steps is not None and length + 1 >= max_steps):
         return result, await env.reset()
     return result, None
@@ -178,6 +182,14 @@ class RemoteVectorEnv(VectorEnv):
         max_episode_steps: Truncate episodes after this many steps, counted here
             (as ``gymnasium.make(..., max_episode_steps=...)`` does with ``TimeLimit``).
         copy: Return copies of the batched observations, as ``SyncVectorEnv`` does.
+        step_batch: Step the sub-envs with one ``POST /step_batch`` per worker
+            holding some of them, when the server offers it (``/spaces``);
+            ``False``: one ``/step`` per sub-env, as against an older server.
+        batch_group_size: With batches, sub-envs ``k * size`` to ``(k + 1) * size - 1``
+            start their sessions over sub-env ``k * size``'s connection, so one
+            worker holds the group and one request steps it: 4 sessions, one
+            request per step; 64, four (the groups may share a worker).
+            ``1``: each sub-env starts over its own connection, on any worker.
     """
 
     def __init__(
@@ -191,9 +203,14 @@ class RemoteVectorEnv(VectorEnv):
         max_episode_steps: int | None = None,
         copy: bool = True,
         headers: Mapping[str, str] | None = None,
+        step_batch: bool = True,
+        batch_group_size: int = 16,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
+        if batch_group_size < 1:
+            raise ValueError(f"batch_group_size must be at least 1, not {batch_group_size}")
+        self.batch_group_size = batch_group_size
         self.num_envs = num_envs
         self.url = url
         self.render_mode = render_mode
@@ -220,7 +237,11 @@ class RemoteVectorEnv(VectorEnv):
             self._close_at_exit()
             raise
         self.description: EnvDescription = first.protocol.description
+        #: The server's batch route, if used (see ``step_batch``).
+        self.step_batch = self.description.step_batch if step_batch else None
         self.envs += [first] + [self._new_env() for _ in range(num_envs - 1)]
+        for i in range(num_envs):
+            self._start_in_group(i)
 
         self.metadata = {**self.description.metadata, "autoreset_mode": self.autoreset_mode}
         self.single_observation_space = self.description.observation_space
@@ -243,14 +264,24 @@ class RemoteVectorEnv(VectorEnv):
     def _new_env(self) -> AsyncRemoteEnv:
         return AsyncRemoteEnv(self.url, description=self.description, **self._env_options)
 
+    def _start_in_group(self, i: int) -> None:
+        """With batches: sub-env ``i`` starts its sessions over its group leader's connection."""
+        leader = i - i % self.batch_group_size
+        if self.step_batch is not None and leader != i:
+            self.envs[i].starts_over = self.envs[leader]
+
     # Sub-env calls ---------------------------------------------------------------------------
 
     def _call_all(self, calls: Sequence[tuple[int, Awaitable[Any]]]) -> list[Any]:
         """Await ``calls`` (sub-env index, awaitable) concurrently; raise the first failure."""
         results = self._loop.run(_gather([call for _, call in calls]))
+        return self._checked([index for index, _ in calls], results)
+
+    def _checked(self, indices: Sequence[int], results: list[Any]) -> list[Any]:
+        """``results`` of the sub-envs at ``indices``; raises the first that is a failure."""
         failed = [
             (index, result)
-            for (index, _), result in zip(calls, results, strict=True)
+            for index, result in zip(indices, results, strict=True)
             if isinstance(result, BaseException)
         ]
         if failed:
@@ -319,6 +350,8 @@ class RemoteVectorEnv(VectorEnv):
         self._loop.run(_gather([self.envs[i].close() for i in lost]))
         for i in lost:
             self.envs[i] = self._new_env()
+        for i in range(self.num_envs):  # a new leader's group follows it
+            self._start_in_group(i)
             self._lost[i] = False
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -332,17 +365,22 @@ class RemoteVectorEnv(VectorEnv):
                 f"sub-envs {ended} have ended and autoreset is disabled: reset them with "
                 "reset(options={'reset_mask': mask})"
             )
-        calls: list[tuple[int, Awaitable[Any]]] = []
-        for i, action in enumerate(iterate(self.action_space, actions)):
-            env = self.envs[i]
-            if mode == AutoresetMode.NEXT_STEP and self._autoreset_envs[i]:
-                calls.append((i, env.reset()))
-            elif mode == AutoresetMode.SAME_STEP:
-                length = int(self._episode_lengths[i])
-                calls.append((i, _step_then_reset(env, action, self.max_episode_steps, length)))
-            else:
-                calls.append((i, env.step(action)))
-        results = self._call_all(calls)
+        if self.step_batch is not None and self.num_envs > 1:
+            results = self._checked(range(self.num_envs), self._loop.run(self._batched(actions)))
+        else:
+            calls: list[tuple[int, Awaitable[Any]]] = []
+            for i, action in enumerate(iterate(self.action_space, actions)):
+                env = self.envs[i]
+                if mode == AutoresetMode.NEXT_STEP and self._autoreset_envs[i]:
+                    calls.append((i, env.reset()))
+                elif mode == AutoresetMode.SAME_STEP:
+                    length = int(self._episode_lengths[i])
+                    calls.append(
+                        (i, _step_then_reset(env, env.step(action), self.max_episode_steps, length))
+                    )
+                else:
+                    calls.append((i, env.step(action)))
+            results = self._call_all(calls)
 
         infos: dict[str, Any] = {}
         for i, result in enumerate(results):
@@ -371,6 +409,60 @@ class RemoteVectorEnv(VectorEnv):
             np.copy(self._truncations),
             infos,
         )
+
+    async def _batched(self, actions: Any) -> list[Any]:
+        """One vector step through the step batches: each sub-env's result, as `step` reads them.
+
+        The same results as the per-sub-env calls of `step`: NEXT_STEP resets
+        run beside the batches; SAME_STEP resets the sub-envs that ended once
+        the batches are in (a step and its reset, as `_step_then_reset`).
+        """
+        assert self.step_batch is not None
+        mode = self.autoreset_mode
+        resetting = (
+            [int(i) for i in np.flatnonzero(self._autoreset_envs)]
+            if mode == AutoresetMode.NEXT_STEP
+            else []
+        )
+        stepping = {
+            i: action
+            for i, action in enumerate(iterate(self.action_space, actions))
+            if i not in resetting
+        }
+        batch = StepBatch(
+            self.envs, stepping, self.step_batch["path"], self.step_batch["max_entries"]
+        )
+        stepped, *reset = await asyncio.gather(
+            batch.run(), *(self.envs[i].reset() for i in resetting), return_exceptions=True
+        )
+        if isinstance(stepped, BaseException):
+            raise stepped  # never a sub-env's error: those are its results
+        results: list[Any] = [None] * self.num_envs
+        for i, result in zip(resetting, reset, strict=True):
+            results[i] = result
+        for i, result in stepped.items():
+            results[i] = result
+        if mode != AutoresetMode.SAME_STEP:
+            return results
+        limit = self.max_episode_steps
+        ended = [
+            i
+            for i in stepping
+            if not isinstance(results[i], BaseException)
+            and (
+                results[i][2]
+                or results[i][3]
+                or (limit is not None and self._episode_lengths[i] + 1 >= limit)
+            )
+        ]
+        restarts = await _gather([self.envs[i].reset() for i in ended])
+        restart_of = dict(zip(ended, restarts, strict=True))
+        for i in stepping:
+            if isinstance(results[i], BaseException):
+                continue
+            restart = restart_of.get(i)
+            results[i] = restart if isinstance(restart, BaseException) else (results[i], restart)
+        return results
 
     def _record_step(
         self, i: int, observation: Any, reward: float, terminated: bool, truncated: bool

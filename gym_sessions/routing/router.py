@@ -89,6 +89,7 @@ from gym_sessions.routing.session_ids import (
     route_path,
 )
 from gym_sessions.routing.session_snapshots import SessionSnapshots
+from gym_sessions.routing.step_batch import StepBatchRoute, is_step_batch
 
 __all__ = [
     "FORWARDED_BY_HEADER",
@@ -273,6 +274,8 @@ class SessionRouter:
         placement: Balanced placement (``--placement balanced``): a new
             session's start goes to the worker with the fewest sessions
             (`Placement`); ``None``: it starts where it arrived.
+        step_batch: Serves ``/step_batch``, which names no session of its own:
+            each entry is routed to its holder (`gym_sessions.routing.step_batch`).
     """
 
     def __init__(
@@ -298,6 +301,7 @@ class SessionRouter:
         snapshots: SessionSnapshots | None = None,
         handoff: Handoff | None = None,
         placement: Placement | None = None,
+        step_batch: StepBatchRoute | None = None,
     ) -> None:
         self.app = app
         self.handoff = handoff
@@ -306,6 +310,7 @@ class SessionRouter:
         self.deliveries = handoff.counts if handoff is not None else HandoffCounts()
         self.runs_to_completion = frozenset(runs_to_completion)
         self.snapshots = snapshots
+        self.step_batch = step_batch
         self.body_budget = body_budget or BodyBudget(max(max_body_bytes, 1) * 4)
         self.worker_ids = worker_ids or _no_workers
         # Requests other workers forwarded here: a worker shutting down waits for them.
@@ -370,6 +375,12 @@ class SessionRouter:
             if signed_digest is not None:
                 assert self.forward_signer is not None  # the head was checked by it
                 self.forward_signer.verify_body(signed_digest, body)
+            if self.step_batch is not None and is_step_batch(scope):
+                # Names no session itself: each entry goes to its own holder.
+                await self.step_batch.serve(
+                    scope, body, send, private=private, send_error=send_error
+                )
+                return
             routed = self._find_session(scope, body)
         except _ClientDisconnected:
             return

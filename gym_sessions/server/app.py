@@ -68,8 +68,10 @@ from gym_sessions.routing.session_snapshots import (
     SnapshotCodec,
     SnapshotStore,
 )
+from gym_sessions.routing.step_batch import STEP_BATCH_PATH, StepBatchRoute
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.server.base import SessionServer
+from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.server.route_table import RouteTable
 from gym_sessions.settings import Settings
 
@@ -250,6 +252,8 @@ class WorkerApp:
         self.metrics: WorkerMetrics | None = None
         if settings.metrics:
             templates = [route.path for route in routes if isinstance(route, Route)]
+            if isinstance(server, ResourcesServer) and server.batch_steps() is not None:
+                templates.append(STEP_BATCH_PATH)  # answered by the router, not a route
             self.metrics = self._start_metrics(server, templates)
         all_routes = [*routes, Mount("/rollouts/{rollout_id}", routes=routes)]
         starlette = Starlette(
@@ -289,6 +293,18 @@ class WorkerApp:
         )
         if self.forwarder is not None:
             server.deliveries = self.router.deliveries
+        steps = server.batch_steps() if isinstance(server, ResourcesServer) else None
+        if steps is not None:
+            self.router.step_batch = StepBatchRoute(
+                steps,
+                sources=server.sources,
+                credentials=self.credentials,
+                claims=self.claims,
+                access=self.router.access,
+                forwarder=self.forwarder,
+                snapshots=self.snapshots,
+                record_step=lambda seconds: _record_step(server, seconds),
+            )
         # Outermost: /metrics and the request counts, around the routing rule.
         self._entry: ASGIApp = self.router
         if self.metrics is not None:
@@ -524,3 +540,10 @@ class WorkerApp:
 def create_app(server: SessionServer, settings: Settings | None = None) -> WorkerApp:
     """The ASGI app of one worker serving ``server`` with ``settings``."""
     return WorkerApp(server, settings or Settings())
+
+
+def _record_step(server: SessionServer, seconds: float) -> None:
+    """A batch entry's step time, in the tool-call series of ``/step`` (operator metrics)."""
+    metrics = server.operator_metrics
+    if metrics is not None:
+        metrics.tool_call("step", "http", seconds)

@@ -35,6 +35,7 @@ from gym_sessions.errors import (
     NoOpenEpisodeError,
 )
 from gym_sessions.frames import encode_frame
+from gym_sessions.routing.step_batch import MAX_BATCH_ENTRIES, STEP_BATCH_PATH, BatchSteps
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.resources import ResourcesServer, session_id
 from gym_sessions.server.tools import Tool
@@ -153,6 +154,8 @@ class GymEnvServer(ResourcesServer):
                 "action_space": space_to_json(probe.action_space),
                 "metadata": to_jsonable(dict(probe.metadata)),
                 "spec": _spec_json(probe, name),
+                # Clients step many sessions in one request where this is offered.
+                "step_batch": {"path": STEP_BATCH_PATH, "max_entries": MAX_BATCH_ENTRIES},
             }
         finally:
             probe.close()
@@ -306,7 +309,10 @@ class GymEnvServer(ResourcesServer):
         return {"observation": state.observation, "info": to_jsonable(info)}
 
     def _open_episode(self, request: Request) -> _ServedEnv:
-        state = self._sessions.get(session_id(request))
+        return self._open_episode_of(session_id(request))
+
+    def _open_episode_of(self, sid: str) -> _ServedEnv:
+        state = self._sessions.get(sid)
         if state is None or not state.episode_open:
             raise NoOpenEpisodeError(
                 "this session has no open episode: call /reset first"
@@ -320,15 +326,26 @@ class GymEnvServer(ResourcesServer):
         return {"observation": state.observation, "episode_length": state.episode_length}
 
     async def _step(self, request: Request, body: dict[str, Any]) -> dict[str, Any]:
-        state = self._open_episode(request)
+        return self._step_served(session_id(request), body["action"])
+
+    def batch_steps(self) -> BatchSteps:
+        return self
+
+    async def step_session(self, session_id: str, action: Any) -> dict[str, Any]:
+        """A ``/step_batch`` entry: ``/step`` of ``session_id``, closed sessions refused first."""
+        self.refuse_if_closed(session_id)
+        return self._step_served(session_id, action)
+
+    def _step_served(self, sid: str, encoded_action: Any) -> dict[str, Any]:
+        state = self._open_episode_of(sid)
         try:
-            action = value_from_json(self.action_space, body["action"])
+            action = value_from_json(self.action_space, encoded_action)
         except SpaceCodecError as exc:
             raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
         if not self.action_space.contains(action):
-            raise InvalidRequestError(f"action {body['action']!r} is outside the action space")
+            raise InvalidRequestError(f"action {encoded_action!r} is outside the action space")
         # Before the step: a step that raises may still have changed the env.
-        self.session_changed(session_id(request))
+        self.session_changed(sid)
         observation, reward, terminated, truncated, info = _call_env("step", state.env.step, action)
         reward = float(reward)
         state.episode_return += reward

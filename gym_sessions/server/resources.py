@@ -45,6 +45,7 @@ from gym_sessions.routing.session_ids import (
     SessionIdSources,
     route_path,
 )
+from gym_sessions.routing.step_batch import BatchSteps
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
@@ -156,6 +157,10 @@ class ResourcesServer(SessionServer):
     def extra_routes(self) -> list[BaseRoute]:
         """Routes a subclass adds beside the tools (``/spaces``, say)."""
         return []
+
+    def batch_steps(self) -> BatchSteps | None:
+        """What serves ``/step_batch`` entries; ``None``: the server offers no batches."""
+        return None
 
     # Routes ------------------------------------------------------------------------------
 
