@@ -4,10 +4,15 @@ Kept here, in a module that imports nothing, so the client never imports the
 server to learn them and neither side can drift from the other.
 """
 
-__all__ = ["CLOSE_FOLLOWS_HEADER", "SESSION_COOKIE"]
+__all__ = ["CLOSE_FOLLOWS_HEADER", "SESSION_COOKIE", "START_BESIDE_HEADER"]
 
 #: The session cookie's default name (``Settings.session_cookie`` may rename it).
 SESSION_COOKIE = "gym_session"
 
 #: On ``/verify``: a ``/close_session`` follows, so the session stays open for it.
 CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
+
+#: On a session start: the cookie value of another session of this client; with
+#: balanced placement the new session starts on that session's worker if it has
+#: room (a vector env's group shares a worker, so one step batch steps it).
+START_BESIDE_HEADER = "x-gym-start-beside"

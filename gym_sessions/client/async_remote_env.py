@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Mapping
 from types import TracebackType
@@ -27,6 +28,7 @@ from gym_sessions.errors import (
     error_from_body,
 )
 from gym_sessions.spaces import value_to_json
+from gym_sessions.wire import START_BESIDE_HEADER
 
 __all__ = ["AsyncRemoteEnv"]
 
@@ -163,8 +165,17 @@ class AsyncRemoteEnv:
             self._np_random, _ = seeding.np_random(seed)
         # A session's first start picks its worker; later resets reach it anyway.
         first_start = protocol.closed or not protocol.started
-        over = self.starts_over._http if self.starts_over is not None and first_start else None
-        reply = await self._http.send(protocol.reset_request(seed, options), over=over)
+        request = protocol.reset_request(seed, options)
+        over = None
+        if self.starts_over is not None and first_start:
+            over = self.starts_over._http
+            leader_cookie = over.cookie
+            if leader_cookie is not None:
+                # With balanced placement a start goes to the least busy worker:
+                # ask for the leader's, so that one batch steps the whole group.
+                headers = {**request.headers, START_BESIDE_HEADER: leader_cookie}
+                request = dataclasses.replace(request, headers=headers)
+        reply = await self._http.send(request, over=over)
         observation, info = protocol.reset_reply(reply)
         if protocol.worker is None:
             protocol.health_reply(await self._http.send(protocol.health_request()))

@@ -85,11 +85,13 @@ from gym_sessions.routing.session_ids import (
     SessionIdSources,
     find_session_id,
     find_session_key,
+    is_valid_session_id,
     read_credentials,
     route_path,
 )
 from gym_sessions.routing.session_snapshots import SessionSnapshots
 from gym_sessions.routing.step_batch import StepBatchRoute, is_step_batch
+from gym_sessions.wire import START_BESIDE_HEADER
 
 __all__ = [
     "FORWARDED_BY_HEADER",
@@ -129,6 +131,7 @@ class Served(enum.Enum):
 
 
 SERVED_SCOPE_KEY = "gym_sessions.served"
+_START_BESIDE = START_BESIDE_HEADER.encode()
 
 
 class _ClientDisconnected(Exception):
@@ -562,6 +565,16 @@ class SessionRouter:
         if routed.source is not IdSource.MINTED and await self.claims.holder(sid) is not None:
             return False  # an existing claim decides where this start goes
         refused: set[str] = set()
+        beside = await self._holder_to_start_beside(scope)
+        if beside == self.claims.worker_id:
+            return False
+        if beside is not None:
+            # Asked for by the client, with a cookie only it has: no balance mark
+            # (the target refuses only when full or draining, then it is placed).
+            refused.add(beside)
+            with placement.sending(beside):
+                if await self._offer_start(beside, scope, body, watch, send):
+                    return True
         # After a refusal the loads are read again (the refusing worker's has
         # just changed): a few rounds, one offer each, then this worker.
         for _ in range(PLACEMENT_ROUNDS):
@@ -578,6 +591,25 @@ class SessionRouter:
             finally:
                 del scope[HOP_MARKS_KEY]
         return False
+
+    async def _holder_to_start_beside(self, scope: Scope) -> str | None:
+        """The holder of the session a start's `START_BESIDE_HEADER` cookie names, if any.
+
+        Only a valid cookie counts (a client can ask to start beside its own
+        sessions, never steer by an id alone); it is advice: a worker that is
+        full or draining refuses, and the start is placed as any other.
+        """
+        value = next((v for n, v in scope["headers"] if n == _START_BESIDE), None)
+        if value is None:
+            return None
+        data = self.credentials.decode_cookie(value.decode("latin-1"))
+        session_id = data.get(self.sources.cookie_key) if data is not None else None
+        if not isinstance(session_id, str) or not is_valid_session_id(session_id):
+            return None
+        try:
+            return await self.claims.holder(session_id)
+        except HTTPError:
+            return None  # the store is unavailable: place it as any other start
 
     async def _offer_start(
         self, worker_id: str, scope: Scope, body: bytes, watch: DisconnectWatch, send: Send

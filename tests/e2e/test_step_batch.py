@@ -363,3 +363,38 @@ def test_batches_are_counted_under_their_own_route(counter_url):
     with urllib.request.urlopen(counter_url + "/metrics", timeout=30) as reply:
         text = reply.read().decode()
     assert 'route="/step_batch"' in text
+
+
+# ----------------------------------------------------------------------------- placement
+
+
+@pytest.fixture(scope="module")
+def balanced_url():
+    with start_server(COUNTER, "--placement", "balanced", workers=4, secret=SECRET) as server:
+        yield server.url
+
+
+def test_a_vector_envs_groups_each_start_on_one_worker_under_balanced_placement(balanced_url):
+    # Balanced placement sends each new session's start to the least busy
+    # worker; a group's later starts ask to start beside its leader
+    # (x-gym-start-beside), so every group shares a worker and one batch steps it.
+    envs = gym.make_vec("gym_sessions/Remote-v0", num_envs=24, url=balanced_url, batch_group_size=6)
+    try:
+        envs.reset()
+        envs.step(np.zeros(24, dtype=np.int64))
+        workers = envs.unwrapped.workers
+        groups = [set(workers[k : k + 6]) for k in range(0, 24, 6)]
+        assert all(len(group) == 1 and None not in group for group in groups), groups
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("beside", ["", "not-a-cookie", "e30.aaaa.bbbb"])
+def test_a_start_beside_a_cookie_that_is_not_valid_is_placed_as_any_other(balanced_url, beside):
+    sid = uuid.uuid4().hex
+    data = json.dumps({"resources_session_id": sid}).encode()
+    request = urllib.request.Request(balanced_url + "/reset", data=data, method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("x-gym-start-beside", beside)
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.status == 200
