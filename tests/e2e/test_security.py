@@ -483,6 +483,8 @@ async def test_claim_files_are_sha256_names_and_nothing_else_is_written(
             f"{runtime_name}/claims",
             f"{runtime_name}/workers",
             *(f"{runtime_name}/workers/{w}.sock" for w in worker_ids),
+            # Each worker's connection handoff socket (docs/design.md §3.10.6).
+            *(f"{runtime_name}/workers/{w}.fds" for w in worker_ids),
             # Shutdown coordination: one mark per serving worker, named by its id.
             f"{runtime_name}/states",
             *(f"{runtime_name}/states/{w}.serving" for w in worker_ids),
