@@ -156,6 +156,14 @@ class AsyncRemoteEnv:
             self._np_random, _ = seeding.np_random()
         return self._np_random
 
+    @property
+    def starts_beside_leader(self) -> bool:
+        """Whether the next `reset` starts a new session beside `starts_over`'s (a batch group)."""
+        if self.starts_over is None or self.starts_over is self:
+            return False
+        protocol = self.protocol
+        return protocol.closed or not protocol.started
+
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:

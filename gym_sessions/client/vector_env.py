@@ -336,9 +336,16 @@ class RemoteVectorEnv(VectorEnv):
         self._autoreset_envs[mask] = False
         self._episode_lengths[mask] = 0
 
-        calls = [(i, self.envs[i].reset(seed=seeds[i], options=options)) for i in indices]
+        # A group's new sessions start beside its leader's (`AsyncRemoteEnv.reset`),
+        # which needs the leader's cookie: leaders' starts go first.
+        beside = [i for i in indices if self.envs[i].starts_beside_leader]
+        replies: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for phase in ([i for i in indices if i not in beside], beside):
+            calls = [(i, self.envs[i].reset(seed=seeds[i], options=options)) for i in phase]
+            replies.update(zip(phase, self._call_all(calls), strict=True))
         infos: dict[str, Any] = {}
-        for i, (observation, info) in zip(indices, self._call_all(calls), strict=True):
+        for i in indices:
+            observation, info = replies[i]
             self._env_obs[i] = observation
             infos = self._add_info(infos, info, i)
         return self._batched_observations(), infos
