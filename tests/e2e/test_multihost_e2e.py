@@ -501,7 +501,14 @@ def test_killing_one_host_its_durable_sessions_continue_on_the_other(deploy):
             return player, owners, host_of
 
     player, owners, host_of = asyncio.run(scenario())
-    assert [e.reward for e in episodes].count(1.0) == len(episodes)
+    # What a failure needs to be understood (it fails about 1 run in 10, an
+    # episode ending with a wrong count and no failed request: issue notes).
+    wrong = [
+        (e.session_id, e.reward, player.failures.get(e.session_id), owners[e.session_id])
+        for e in episodes
+        if e.reward != 1.0
+    ]
+    assert not wrong, (wrong, {o: host_of.get(o or "") for *_, o in wrong})
     # The dead host's open sessions scored 1.0 above, so they were restored on
     # the other host; their claims are held there (or already ended there:
     # a closed session's claim ends a --window of 2 s after its close).
