@@ -57,6 +57,7 @@ from gym_sessions.errors import (
     SessionGoneError,
     StartupError,
     StatusError,
+    StepOutOfOrderError,
 )
 
 try:
@@ -97,6 +98,7 @@ __all__ = [
     "SessionGoneError",
     "StartupError",
     "StatusError",
+    "StepOutOfOrderError",
     "__version__",
     "register_envs",
     "run_episodes",

@@ -15,7 +15,8 @@
           │    └── NoOpenEpisodeError   404 no_open_episode
           ├── MethodNotAllowedError     405 method_not_allowed
           ├── SessionConflictError      409 session_conflict
-          │    └── SessionClosedError   409 session_closed
+          │    ├── SessionClosedError   409 session_closed
+          │    └── StepOutOfOrderError  409 step_out_of_order
           ├── SessionGoneError          410 session_gone
           │    └── SessionExpiredError  410 session_expired
           ├── RequestTimeoutError       408 request_timeout
@@ -68,6 +69,7 @@ __all__ = [
     "SessionGoneError",
     "StartupError",
     "StatusError",
+    "StepOutOfOrderError",
     "error_body",
     "error_from_body",
     "error_headers",
@@ -167,6 +169,16 @@ class SessionConflictError(HTTPError):
 
 class SessionClosedError(SessionConflictError):
     status, code = 409, "session_closed"
+
+
+class StepOutOfOrderError(SessionConflictError):
+    """A ``/step`` sent for another episode length than the episode has (``x-gym-episode-length``).
+
+    The step did not run. For a client recovering a lost reply it means an
+    earlier send of the same step ran first (it may have been delayed in a hop).
+    """
+
+    status, code = 409, "step_out_of_order"
 
 
 class SessionGoneError(HTTPError):

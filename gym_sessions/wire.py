@@ -4,7 +4,12 @@ Kept here, in a module that imports nothing, so the client never imports the
 server to learn them and neither side can drift from the other.
 """
 
-__all__ = ["CLOSE_FOLLOWS_HEADER", "SESSION_COOKIE", "START_BESIDE_HEADER"]
+__all__ = [
+    "CLOSE_FOLLOWS_HEADER",
+    "EPISODE_LENGTH_HEADER",
+    "SESSION_COOKIE",
+    "START_BESIDE_HEADER",
+]
 
 #: The session cookie's default name (``Settings.session_cookie`` may rename it).
 SESSION_COOKIE = "gym_session"
@@ -16,3 +21,9 @@ CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
 #: balanced placement the new session starts on that session's worker if it has
 #: room (a vector env's group shares a worker, so one step batch steps it).
 START_BESIDE_HEADER = "x-gym-start-beside"
+
+#: On ``/step``: the episode's length before this step, as the client counts it.
+#: The step runs only if the server counts the same (else 409 ``step_out_of_order``,
+#: nothing changed): a send delayed in a hop that died, arriving after the client
+#: recovered its lost reply, can never run the step a second time.
+EPISODE_LENGTH_HEADER = "x-gym-episode-length"

@@ -24,6 +24,7 @@ from gym_sessions.client.protocol import (
     SPACES_REQUEST,
     EnvDescription,
     RemoteEnvProtocol,
+    step_request,
 )
 from gym_sessions.client.step_recovery import OBSERVE_REQUEST, StepRecovery
 from gym_sessions.errors import (
@@ -34,6 +35,7 @@ from gym_sessions.errors import (
     ReplyTimeoutError,
     ServerUnreachableError,
     SessionGoneError,
+    StepOutOfOrderError,
 )
 from gym_sessions.spaces import space_to_json
 
@@ -320,6 +322,7 @@ def test_a_lost_step_that_ended_the_episode_says_it_ran():
         EnvError("boom"),
         NoOpenEpisodeError("call /reset first"),
         SessionGoneError("worker exited"),
+        StepOutOfOrderError("another client stepped first"),  # not a recovery: it did not run
     ],
 )
 def test_other_step_errors_are_raised_as_they_come(error):
@@ -343,6 +346,24 @@ def test_a_failed_observe_is_raised_as_it_comes(error):
     with pytest.raises(type(error)) as raised:
         recovery.failed(error)
     assert raised.value is error
+
+
+def test_a_resend_refused_as_out_of_order_says_the_first_send_ran():
+    # The /observe came before the first send, delayed in a dying hop, ran.
+    recovery = StepRecovery(STEP, episode_length=4)
+    recovery.failed(LOST)
+    recovery.replied(observed(4))
+    assert recovery.request is STEP
+    late = StepOutOfOrderError("sent at episode length 4, but the episode is at 5")
+    with pytest.raises(ConnectionLostError, match="the step ran on the server") as raised:
+        recovery.failed(late)
+    assert raised.value.__cause__ is late
+
+
+def test_a_step_request_carries_the_episode_length_it_is_sent_at():
+    request = step_request(3, 17)
+    assert (request.path, request.body) == ("/step", {"action": 3})
+    assert request.headers == {"x-gym-episode-length": "17"} and not request.resendable
 
 
 def test_a_resent_step_is_not_recovered_again():

@@ -25,6 +25,7 @@ import pytest
 from gym_sessions.errors import BadGatewayError, ForbiddenError, SessionGoneError
 from gym_sessions.routing import stream_forwarder
 from gym_sessions.routing.forward_signature import ForwardSigner
+from gym_sessions.routing.forwarder import HolderRefusedError
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.stream_forwarder import StreamForwarder, _Connection, _request_head
 from gym_sessions.routing.worker_endpoints import UnixEndpoints
@@ -657,3 +658,32 @@ async def test_a_pooled_connection_that_broke_mid_head_is_not_resent(forwarder, 
     with pytest.raises(BadGatewayError):
         await forward(forwarder, Sent(), body=b"the step")
     assert claimant.requests == []  # the request the claimant answered is not run again
+
+
+async def test_a_holder_that_dies_after_answering_the_probe_is_gone_never_refused(
+    runtime_dir, claimant
+):
+    # The pooled connection closed unanswered because the holder exited, maybe
+    # after running the request; its listener still took the reachability probe
+    # (the process was mid-exit) and refuses the resend. "Refused" would mean
+    # "never ran" and let a durable session be restored and the request run twice.
+    class DiesAfterTheProbe(UnixEndpoints):
+        async def reachable(self, worker_id: str) -> bool:
+            answered = await super().reachable(worker_id)
+            assert claimant.server is not None
+            claimant.server.close()  # the exit reaches the listener
+            await claimant.server.wait_closed()
+            return answered
+
+    hop = StreamForwarder(DiesAfterTheProbe(runtime_dir))
+    ran = FakeConnection()
+    ran.writer.on_write = lambda data: ran.reader.feed_eof()  # read it, then the exit's close
+    hop._idle[WORKER] = deque([ran.connection])
+    try:
+        with pytest.raises(SessionGoneError) as caught:
+            await forward(hop, Sent(), body=b"the step")
+    finally:
+        await hop.close()
+    assert not isinstance(caught.value, HolderRefusedError)
+    assert (caught.value.status, caught.value.code) == (410, "session_gone")
+    assert claimant.requests == []  # nothing was resent

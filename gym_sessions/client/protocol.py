@@ -43,7 +43,7 @@ from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.client.step_recovery import StepRecovery
 from gym_sessions.frames import decode_frame
 from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
-from gym_sessions.wire import CLOSE_FOLLOWS_HEADER
+from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, EPISODE_LENGTH_HEADER
 
 __all__ = [
     "HEALTH_REQUEST",
@@ -95,9 +95,15 @@ def start_request(
     return Request("POST", route, {**names, **body}, resendable=True, new_session=first)
 
 
-def step_request(action: Any) -> Request:
-    """One ``/step`` with an action already in JSON; never resent blindly."""
-    return Request("POST", "/step", {"action": action})
+def step_request(action: Any, episode_length: int) -> Request:
+    """One ``/step`` with an action already in JSON; never resent blindly.
+
+    It runs only at ``episode_length`` (the steps before it, as the client
+    counts them): a resend after a lost reply cannot run the step twice.
+    """
+    return Request(
+        "POST", "/step", {"action": action}, {EPISODE_LENGTH_HEADER: str(episode_length)}
+    )
 
 
 def verify_request(close_follows: bool, body: Mapping[str, Any]) -> Request:
@@ -233,7 +239,7 @@ class RemoteEnvProtocol:
     def step_recovery(self, action: Any) -> StepRecovery:
         """The requests of a step of ``action``, a lost reply included."""
         encoded = value_to_json(self.description.action_space, action)
-        return StepRecovery(step_request(encoded), self.episode_length)
+        return StepRecovery(step_request(encoded, self.episode_length), self.episode_length)
 
     def step_reply(self, reply: Reply) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         return self.step_result(reply.json())

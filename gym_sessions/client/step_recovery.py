@@ -12,6 +12,13 @@ instead, from the episode length the client counted before the step::
       ▼ the step ran (and may have ended the episode)                     its error as is)
     ConnectionLostError "the step ran on the server but its reply was lost"
 
+"Did not run" can be out of date by the time the resend arrives: the first
+send may still be on its way (held in a hop whose accepting worker died, say)
+and run after the ``/observe``. Every step therefore carries the episode length
+it was sent at (`step_request`), and the server runs it only at that length;
+a resend refused with 409 ``step_out_of_order`` means the first send ran after
+all, and is reported as above.
+
 Any other error is raised as it comes: an error reply, a timeout (the step may
 still be running, so asking now would not tell) and a failed ``/observe``.
 
@@ -24,7 +31,12 @@ from __future__ import annotations
 import enum
 
 from gym_sessions.client.exchange import Reply, Request
-from gym_sessions.errors import ConnectionLostError, GymSessionsError, NoOpenEpisodeError
+from gym_sessions.errors import (
+    ConnectionLostError,
+    GymSessionsError,
+    NoOpenEpisodeError,
+    StepOutOfOrderError,
+)
 
 __all__ = ["OBSERVE_REQUEST", "StepRecovery", "step_ran"]
 
@@ -93,4 +105,7 @@ class StepRecovery:
         if self._stage is _Stage.OBSERVE and isinstance(error, NoOpenEpisodeError):
             assert self._lost is not None
             raise step_ran(self._lost) from error  # the step ran and ended the episode
+        if self._stage is _Stage.RESEND and isinstance(error, StepOutOfOrderError):
+            assert self._lost is not None
+            raise step_ran(self._lost) from error  # the first send ran after the /observe
         raise error

@@ -22,6 +22,7 @@ from starlette.types import Scope, Send
 from gym_sessions.errors import BadGatewayError, OverloadedError, out_of_resources
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import (
+    HolderRefusedError,
     forwarded_headers,
     holder_gone,
     holder_refused,
@@ -175,7 +176,14 @@ class StreamForwarder:
                 # read from it, so the request never ran. Try once more, afresh.
                 # (Once any byte of a reply came, the request may have run: a
                 # resend could run a step twice, so that is a 502 instead.)
-                connection, _ = await self._connect(worker_id)
+                try:
+                    connection, _ = await self._connect(worker_id)
+                except HolderRefusedError as refused:
+                    # It accepted our probe, then refused: it died just now, and the
+                    # close we took for an idle one may have come from its exit after
+                    # it ran the request. Gone, never "refused": a refusal lets a
+                    # durable session be restored elsewhere and this request run again.
+                    raise holder_gone(worker_id) from refused
                 try:
                     reply, parser = await self._exchange(connection, head, body)
                 except _BROKEN as retry_exc:

@@ -33,6 +33,7 @@ from gym_sessions.errors import (
     EnvError,
     InvalidRequestError,
     NoOpenEpisodeError,
+    StepOutOfOrderError,
 )
 from gym_sessions.frames import encode_frame
 from gym_sessions.routing.step_batch import MAX_BATCH_ENTRIES, STEP_BATCH_PATH, BatchSteps
@@ -47,6 +48,7 @@ from gym_sessions.spaces import (
     value_to_json,
 )
 from gym_sessions.spaces.values import to_jsonable
+from gym_sessions.wire import EPISODE_LENGTH_HEADER
 
 __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
 
@@ -326,7 +328,10 @@ class GymEnvServer(ResourcesServer):
         return {"observation": state.observation, "episode_length": state.episode_length}
 
     async def _step(self, request: Request, body: dict[str, Any]) -> dict[str, Any]:
-        return self._step_served(session_id(request), body["action"])
+        at_length = request.headers.get(EPISODE_LENGTH_HEADER)
+        return self._step_served(
+            session_id(request), body["action"], None if at_length is None else _length(at_length)
+        )
 
     def batch_steps(self) -> BatchSteps:
         return self
@@ -336,8 +341,15 @@ class GymEnvServer(ResourcesServer):
         self.refuse_if_closed(session_id)
         return self._step_served(session_id, action)
 
-    def _step_served(self, sid: str, encoded_action: Any) -> dict[str, Any]:
+    def _step_served(
+        self, sid: str, encoded_action: Any, at_length: int | None = None
+    ) -> dict[str, Any]:
         state = self._open_episode_of(sid)
+        if at_length is not None and at_length != state.episode_length:
+            raise StepOutOfOrderError(
+                f"this step was sent at episode length {at_length}, but the episode is at"
+                f" {state.episode_length}: it did not run (an earlier send of it ran first?)"
+            )
         try:
             action = value_from_json(self.action_space, encoded_action)
         except SpaceCodecError as exc:
@@ -389,6 +401,15 @@ class GymEnvServer(ResourcesServer):
                 self.release_session(sid)
             except Exception:
                 continue
+
+
+def _length(header: str) -> int:
+    """The episode length an ``x-gym-episode-length`` header names."""
+    if not (header.isascii() and header.isdigit()) or len(header) > 18:
+        raise InvalidRequestError(
+            f"{EPISODE_LENGTH_HEADER} must be the episode's length, a non-negative integer"
+        )
+    return int(header)
 
 
 def _spec_json(env: gym.Env, name: str) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class EnvSession:
 
     async def step(self, action: Any) -> dict[str, Any]:
         """One ``/step`` (``action`` already in JSON)."""
-        recovery = StepRecovery(step_request(action), self.episode_length)
+        recovery = StepRecovery(step_request(action, self.episode_length), self.episode_length)
         try:
             reply = await self._http.send_step(recovery)
         except GymSessionsError as error:

@@ -8,10 +8,14 @@ from typing import Any
 import aiohttp
 
 from envs.counter_load import Episode
-from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, SESSION_COOKIE
+from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, EPISODE_LENGTH_HEADER, SESSION_COOKIE
 
 #: The status recorded for a request whose connection the killed worker had accepted.
 LOST = 0
+
+
+def _code(data: Any) -> str | None:
+    return data.get("error", {}).get("code") if isinstance(data, dict) else None
 
 
 class DurablePlayer:
@@ -21,7 +25,11 @@ class DurablePlayer:
     died, or the hop to it broke; or its connection was reset: the killed
     worker had accepted it) is followed by ``/observe``: an unchanged
     episode length means it did not run and it is sent again; one more means
-    it ran. Every such failure is counted on its episode.
+    it ran. Every step carries its episode length (``x-gym-episode-length``),
+    so a first send still on its way (held in a hop whose accepting worker
+    died) and its resend never both run: the later one is refused (409
+    ``step_out_of_order``), which for the resend means the step ran. Every
+    such failure is counted on its episode.
     """
 
     def __init__(self, client: aiohttp.ClientSession, url: str) -> None:
@@ -34,6 +42,8 @@ class DurablePlayer:
         self.failures: dict[str, list[tuple[str, int]]] = {}
         #: `/observe` requests of a recovery sent again (they reached the dying host).
         self.observe_resends = 0
+        #: Resent steps refused because their first send ran after the `/observe`.
+        self.late_sends = 0
 
     async def post(
         self, path: str, body: Any, cookie: str | None, headers: dict[str, str] | None = None
@@ -86,15 +96,24 @@ class DurablePlayer:
 
     async def finish(self, episode: Episode, cookie: str) -> None:
         for length, action in enumerate(episode.increments):
+            # Sent at its episode length: the server runs it at that length only.
+            at_length = {EPISODE_LENGTH_HEADER: str(length)}
+            resent = False
             while True:
-                status, data, cookie = await self.post("/step", {"action": action}, cookie)
+                status, data, cookie = await self.post(
+                    "/step", {"action": action}, cookie, at_length
+                )
                 if status == 200:
                     break
+                if resent and status == 409 and _code(data) == "step_out_of_order":
+                    self.late_sends += 1
+                    break  # the first send, held up in a hop, ran after the /observe
                 self._failed(episode, "/step", status)
                 data, cookie = await self._observe(cookie)
                 if data["episode_length"] == length + 1:
                     break  # it ran before the worker died
                 assert data["episode_length"] == length
+                resent = True
             self.steps_done += 1
             await asyncio.sleep(0.01)  # think: episodes are still open when the kill comes
         status, data, cookie = await self.post("/verify", {}, cookie, {CLOSE_FOLLOWS_HEADER: "1"})

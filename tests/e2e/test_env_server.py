@@ -23,6 +23,7 @@ from gym_sessions.errors import (
     ServerUnreachableError,
     SessionClosedError,
     SessionConflictError,
+    StepOutOfOrderError,
 )
 from gym_sessions.server.process import start_server
 
@@ -157,6 +158,29 @@ def test_tampered_cookie_is_treated_as_no_cookie(counter_url):
     with pytest.raises(NoOpenEpisodeError):
         intruder.request("POST", "/step", {"action": 1})
     assert owner.request("POST", "/step", {"action": 1})["observation"] == 8
+
+
+def test_a_step_runs_only_at_the_episode_length_it_was_sent_at(counter_url):
+    # A send delayed in a hop may arrive after its client resent it: the later
+    # of two sends at one length is refused and changes nothing.
+    client = HTTPClient(counter_url)
+    client.request("POST", "/reset", {"options": {"initial_count": 0}})
+    at = {"x-gym-episode-length": "0"}
+    assert client.request("POST", "/step", {"action": 5}, headers=at)["observation"] == 5
+    with pytest.raises(StepOutOfOrderError) as refused:
+        client.request("POST", "/step", {"action": 5}, headers=at)
+    assert (refused.value.status, refused.value.code) == (409, "step_out_of_order")
+    assert "sent at episode length 0, but the episode is at 1" in refused.value.message
+    assert client.request("POST", "/observe", {}) == {"observation": 5, "episode_length": 1}
+    with pytest.raises(StepOutOfOrderError):  # ahead of the episode: refused too
+        client.request("POST", "/step", {"action": 1}, headers={"x-gym-episode-length": "7"})
+    step = client.request("POST", "/step", {"action": 2}, headers={"x-gym-episode-length": "1"})
+    assert step["observation"] == 7
+    assert client.request("POST", "/step", {"action": 1})["observation"] == 8  # no header: runs
+    for bad in ["-1", "1.0", "x", "\u00b2", "9" * 19, ""]:
+        with pytest.raises(InvalidRequestError, match="x-gym-episode-length must be"):
+            client.request("POST", "/step", {"action": 1}, headers={"x-gym-episode-length": bad})
+    assert client.request("POST", "/observe", {})["episode_length"] == 3
 
 
 def test_cookie_and_body_conflict_is_409_with_one_worker(counter_url):
