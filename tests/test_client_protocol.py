@@ -28,6 +28,7 @@ from gym_sessions.client.protocol import (
 )
 from gym_sessions.client.step_recovery import OBSERVE_REQUEST, StepRecovery
 from gym_sessions.errors import (
+    BadGatewayError,
     ConnectionLostError,
     EnvError,
     GymSessionsError,
@@ -346,6 +347,26 @@ def test_a_failed_observe_is_raised_as_it_comes(error):
     with pytest.raises(type(error)) as raised:
         recovery.failed(error)
     assert raised.value is error
+
+
+@pytest.mark.parametrize("ran", [False, True])
+def test_a_step_whose_hop_broke_recovers_as_a_lost_one(ran):
+    # 502: the worker that took the step passed it to the session's holder,
+    # which died before answering (a durable session is restored next).
+    broken = BadGatewayError("the worker that held this session exited while serving it")
+    recovery = StepRecovery(STEP, episode_length=4)
+    recovery.failed(broken)
+    assert recovery.request is OBSERVE_REQUEST
+    if ran:
+        with pytest.raises(ConnectionLostError, match="the step ran on the server") as raised:
+            recovery.replied(observed(5))
+        assert raised.value.__cause__ is broken
+        assert str(raised.value).startswith("POST /step to the server: ")
+    else:
+        recovery.replied(observed(4))
+        assert recovery.request is STEP
+        recovery.replied(ok({"reward": 1}))
+        assert recovery.reply.json() == {"reward": 1}
 
 
 def test_a_resend_refused_as_out_of_order_says_the_first_send_ran():

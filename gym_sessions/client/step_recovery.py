@@ -5,7 +5,7 @@ resent blindly (`Request.resendable` is false for it). `StepRecovery` decides
 instead, from the episode length the client counted before the step::
 
     POST /step ── reply ─────────────────────────────────────────────▶ the reply
-      │ ConnectionLostError
+      │ ConnectionLostError, or 502 bad_gateway (a hop behind the server broke)
       ▼
     POST /observe ── episode_length unchanged: the step did not run ──▶ POST /step again
       │ episode_length moved on, or 404 no_open_episode:                 (its reply, or
@@ -19,8 +19,11 @@ it was sent at (`step_request`), and the server runs it only at that length;
 a resend refused with 409 ``step_out_of_order`` means the first send ran after
 all, and is reported as above.
 
-Any other error is raised as it comes: an error reply, a timeout (the step may
-still be running, so asking now would not tell) and a failed ``/observe``.
+A 502 is the server's own "connection lost": the worker that took the
+request passed it to the session's holder, which died before answering (with
+durable sessions the next request restores the session there). Any other
+error is raised as it comes: an error reply, a timeout (the step may still be
+running, so asking now would not tell) and a failed ``/observe``.
 
 The shells drive it (`HTTPClient.send_step`, `AsyncHTTPClient.send_step`): send
 `StepRecovery.request` and report the reply or error until it is ``None``.
@@ -32,6 +35,7 @@ import enum
 
 from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.errors import (
+    BadGatewayError,
     ConnectionLostError,
     GymSessionsError,
     NoOpenEpisodeError,
@@ -51,10 +55,10 @@ class _Stage(enum.Enum):
     DONE = "done"
 
 
-def step_ran(lost: ConnectionLostError) -> ConnectionLostError:
+def step_ran(lost: GymSessionsError) -> ConnectionLostError:
     """The error for a step that ran on the server but whose reply (``lost``) was lost."""
     error = ConnectionLostError(
-        lost.url,
+        lost.url if isinstance(lost, ConnectionLostError) else "the server",
         "POST /step",
         f"the step ran on the server but its reply was lost ({lost}); call reset()",
     )
@@ -77,7 +81,7 @@ class StepRecovery:
         #: What to send next; ``None`` once the step's reply is in.
         self.request: Request | None = step
         self._stage = _Stage.STEP
-        self._lost: ConnectionLostError | None = None
+        self._lost: GymSessionsError | None = None
         self._reply: Reply | None = None
 
     @property
@@ -98,7 +102,7 @@ class StepRecovery:
 
     def failed(self, error: GymSessionsError) -> None:
         """Take the error `request` got; returns if there is a request to send next, else raises."""
-        if self._stage is _Stage.STEP and isinstance(error, ConnectionLostError):
+        if self._stage is _Stage.STEP and isinstance(error, (ConnectionLostError, BadGatewayError)):
             self._lost = error
             self._stage, self.request = _Stage.OBSERVE, OBSERVE_REQUEST
             return

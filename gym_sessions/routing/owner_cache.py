@@ -8,13 +8,13 @@ is never trusted to serve state: the router forwards on it with the hop mark
 unless it holds the session right then, without claiming or serving it. The
 sender then drops the entry, asks Redis again and forwards once more; so a
 session that moved, closed or was reclaimed elsewhere meanwhile costs one
-refused hop, never a stale reply. Entries also go on a close, a 410 and a
-refusal. Only the holder's memory is authoritative, as without the cache.
+refused hop, never a stale reply. Entries also go on a close, a 410, a 502
+and a refusal. Only the holder's memory is authoritative, as without the cache.
 
 With file claims a lookup is one small file read (6 us p50 against the 0.26 ms
-the one-host hop adds, ``benchmarks/README.md``): no cache there. Not with
-durable sessions either for now (`WorkerApp`): killing a host then gave some
-sessions a 410 instead of a restore in the multihost e2e test, not yet understood.
+the one-host hop adds, ``benchmarks/README.md``): no cache there. With durable
+sessions a cached holder that died refuses the hop like any dead holder: the
+router looks it up afresh and restores the session (`SessionRouter._forward_cached`).
 """
 
 from __future__ import annotations

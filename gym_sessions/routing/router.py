@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gym_sessions import strict_json
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
+    BadGatewayError,
     BodyTooLargeError,
     CapacityReachedError,
     ForbiddenError,
@@ -501,7 +502,7 @@ class SessionRouter:
             if message["type"] == "http.response.start":
                 headers = message.get("headers", [])
                 refused = any(name == NOT_HELD_HEADER for name, _ in headers)
-                if refused or message["status"] == 410:
+                if refused or message["status"] in (410, 502):  # 502: it may have died
                     self.claims.forget_holder(routed.session_id)
             if not refused:
                 await send(message)
@@ -747,6 +748,13 @@ class SessionRouter:
                 return False
             await self._send_error(scope, reply_send, error)
         except HTTPError as error:
+            if self.snapshots is not None and type(error) is SessionGoneError:
+                # It died with the request sent, which may have run there. Its
+                # durable session is not gone: the next request restores it.
+                error = BadGatewayError(
+                    f"the worker that held this session ({holder}) exited while serving this"
+                    " request, which may have run; the session's next request restores it"
+                )
             await self._send_error(scope, reply_send, error)
         return True
 

@@ -225,14 +225,7 @@ class WorkerApp:
             max_sessions=settings.max_sessions,
             idle_timeout=settings.session_idle_timeout,
             # Cross-host lookups cost a Redis round trip each; a file read does not.
-            # Not with durable sessions: with it, killing a host gave some
-            # sessions a 410 instead of a restore (tests/e2e/test_multihost_e2e.py,
-            # 2 of 4 runs; none in 4 without the cache), not understood yet.
-            owner_cache=(
-                OwnerCache()
-                if self.redis_store is not None and not settings.durable_sessions
-                else None
-            ),
+            owner_cache=(OwnerCache() if self.redis_store is not None else None),
         )
         server.bind(settings, self.claims, self.credentials)
         self.snapshots: SessionSnapshots | None = None

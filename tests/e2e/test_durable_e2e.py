@@ -10,10 +10,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from envs.counter_load import claim_owner, client_session, make_episodes
+from gym_sessions import RemoteEnv
+from gym_sessions.client.step_recovery import OBSERVE_REQUEST
 from gym_sessions.metrics.status import parse_samples
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 
@@ -56,9 +59,10 @@ def test_sigkilled_worker_mid_episodes_loses_no_durable_session(serve):
     assert any(owner == victim for owner in owners.values())
     # Failures only where a request was in flight on the victim at the kill
     # (each episode has one request at a time): at most one per episode, and
-    # only a reset connection or 502/410 (the hop broke mid-request).
+    # only a reset connection or 502 (the hop broke mid-request: never 410,
+    # the session was not gone).
     for failures in player.failures.values():
-        assert len(failures) == 1 and failures[0][1] in (LOST, 410, 502), failures
+        assert len(failures) == 1 and failures[0][1] in (LOST, 502), failures
     # The victim's sessions open at the kill were taken over (their claims,
     # kept a window after the close, name the worker that restored them).
     taken_over = {s for s in player.open_at_kill if owners[s] == victim}
@@ -269,3 +273,46 @@ def test_a_restored_session_still_answers_nemo_seed_retries_as_before(serve):
     other = {**seed, "episode_id": {"rollout_id": "other", "attempt": 0}}
     status, data, _ = _post(server.url, "/seed_session", other)
     assert (status, data["error"]["code"]) == (409, "session_conflict")
+
+
+@pytest.mark.parametrize("connection_on", ["another_worker", "the_holder"])
+def test_a_remote_env_steps_on_when_its_holder_is_killed_mid_step(serve, short_tmp, connection_on):
+    # The library's own client, not a test player: a step in flight when the
+    # holder is SIGKILLed returns as if nothing happened (restored elsewhere,
+    # run once). Over another worker the hop breaks (502: the session is not
+    # gone); on the holder the connection itself does (lost).
+    server = serve(
+        "tests.e2e.slow_env:SlowCounterEnv",
+        *("--durable-sessions", "--handoff", "off", "--debug-worker-header"),
+        workers=2,
+    )
+    marker = os.path.join(short_tmp, "stepping")
+    env = RemoteEnv(server.url)
+    try:
+        options = {"initial_count": 0, "expected_count": 3, "step_seconds": 1.0}
+        env.reset(options={**options, "step_marker": marker})
+        env.step(1)
+        holder = env.worker
+        assert holder is not None
+        # A new connection lands on either worker: take one on the wanted side.
+        for _ in range(100):
+            env._http.close()
+            reply = env._http.send(OBSERVE_REQUEST)
+            if ("x-gym-forwarded-by" in reply.headers) == (connection_on == "another_worker"):
+                break
+        else:
+            pytest.fail(f"no connection landed on {connection_on}")
+        os.unlink(marker)
+        with ThreadPoolExecutor(1) as pool:
+            step = pool.submit(env.step, 1)
+            deadline = time.monotonic() + 30
+            while not os.path.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the holder is in env.step (it sleeps 1 s)
+            os.kill(int(holder.split("-")[0]), signal.SIGKILL)
+            observation, *_ = step.result(timeout=60)
+        assert observation == 2  # run once, on the session as the client last saw it
+        assert env.step(1)[0] == 3
+        assert env.verify()["reward"] == 1.0
+    finally:
+        env.close()
+    assert server.stop() == 0
