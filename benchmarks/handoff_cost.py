@@ -39,13 +39,12 @@ import time
 from typing import Any
 
 import _common
-from _common import RawConnection, connections_by_worker, markdown_table
-from routing_cost import SteppedSession, interleaved_rounds
+from _common import RawConnection, markdown_table
+from routing_cost import WORKERS, SessionFleet, interleaved_rounds
 
 from gym_sessions.server.process import ServerProcess, start_server
 
 TARGET = "envs.counter:CounterEnv"
-WORKERS = 4
 MODES = ("off", "on")
 KINDS = ("kept-alive", "new connection")
 
@@ -54,24 +53,14 @@ def label(mode: str, kind: str, where: str) -> str:
     return f"handoff {mode}, {kind}, {where}"
 
 
-class Fleet:
-    """One 4-worker server's sessions (one per worker) and its clients."""
+class Fleet(SessionFleet):
+    """A `SessionFleet` also stepped from connections another worker accepted."""
 
     def __init__(self, server: ServerProcess) -> None:
-        self.server = server
+        super().__init__(server)
         host, port = server.url.split("://", 1)[1].rsplit(":", 1)
         self.address = (host, int(port))
-        self.groups = connections_by_worker(server.url, workers=WORKERS, per_worker=2)
-        self.workers = sorted(self.groups)
-        self.sessions = {w: SteppedSession(self.groups[w][0]) for w in self.workers}
         self.by_pid = {_common.worker_pid(w): w for w in self.workers}
-
-    def holder(self, r: int) -> str:
-        return self.workers[r % len(self.workers)]
-
-    def kept_local(self, r: int, n: int, into: list[float]) -> None:
-        owner = self.holder(r)
-        self.sessions[owner].steps(self.groups[owner][1], n, into)
 
     def kept_forwarded(self, r: int, n: int, into: list[float]) -> None:
         owner = self.holder(r)
@@ -126,10 +115,6 @@ class Fleet:
             time.sleep(0.001)  # not accepted yet
         raise RuntimeError("no worker accepted the connection")
 
-    def close(self) -> None:
-        for connection in itertools.chain(*self.groups.values()):
-            connection.close()
-
 
 def deliveries(url: str) -> dict[str, dict[str, Any]]:
     """Each worker's ``/health`` delivery counts (new connections until all four answered)."""
@@ -165,7 +150,7 @@ def main() -> None:
         batches: dict[str, Any] = {}
         for mode in MODES:
             fleet = fleets[mode]
-            batches[label(mode, "kept-alive", "local")] = fleet.kept_local
+            batches[label(mode, "kept-alive", "local")] = fleet.local
             batches[label(mode, "kept-alive", "forwarded")] = fleet.kept_forwarded
             batches[label(mode, "new connection", "local")] = functools.partial(
                 fleet.new_connection, local=True

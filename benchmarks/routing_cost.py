@@ -86,14 +86,36 @@ class SteppedSession:
                 raise RuntimeError(f"step went wrong: {status} {reply}, expected {self.count}")
 
 
-class Fleet:
-    """Connections to a 4-worker server grouped by accepting worker, one session per worker."""
+class SessionFleet:
+    """Connections to a 4-worker server grouped by accepting worker, one session per worker.
+
+    Round ``r`` steps the session `holder` names for it: the workers take turns.
+    """
 
     def __init__(self, server: ServerProcess) -> None:
+        self.server = server
         self.groups = connections_by_worker(server.url, workers=WORKERS, per_worker=2)
-        self.private: dict[str, RawConnection] = {}
         self.workers = sorted(self.groups)
         self.sessions = {w: SteppedSession(self.groups[w][0]) for w in self.workers}
+
+    def holder(self, r: int) -> str:
+        return self.workers[r % len(self.workers)]
+
+    def local(self, r: int, n: int, into: list[float]) -> None:
+        owner = self.holder(r)
+        self.sessions[owner].steps(self.groups[owner][1], n, into)
+
+    def close(self) -> None:
+        for connection in itertools.chain(*self.groups.values()):
+            connection.close()
+
+
+class Fleet(SessionFleet):
+    """A `SessionFleet` that also reaches each worker over its private socket (file claims)."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        super().__init__(server)
+        self.private: dict[str, RawConnection] = {}
         runtime = _common.runtime_dir(server)
         for worker, session in self.sessions.items():
             on_file = claim_owner(runtime, session.session_id)
@@ -103,13 +125,6 @@ class Fleet:
             self.private[worker] = RawConnection(server.url, unix_socket=socket_path)
             if self.private[worker].worker != worker:
                 raise RuntimeError("a private socket answered for another worker")
-
-    def holder(self, r: int) -> str:
-        return self.workers[r % len(self.workers)]
-
-    def local(self, r: int, n: int, into: list[float]) -> None:
-        owner = self.holder(r)
-        self.sessions[owner].steps(self.groups[owner][1], n, into)
 
     def forwarded(self, r: int, n: int, into: list[float]) -> None:
         owner = self.holder(r)
@@ -127,7 +142,8 @@ class Fleet:
         _common.check_connections(self.groups)
 
     def close(self) -> None:
-        for connection in itertools.chain(self.private.values(), *self.groups.values()):
+        super().close()
+        for connection in self.private.values():
             connection.close()
 
 

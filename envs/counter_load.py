@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from gym_sessions.routing.claim_store import FileClaimStore
+from gym_sessions.routing.router import WORKER_HEADER
 from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, SESSION_COOKIE
 
@@ -29,6 +30,8 @@ __all__ = [
     "play_all",
     "play_over_mcp",
 ]
+
+_WORKER = WORKER_HEADER.decode()
 
 
 @dataclass
@@ -43,6 +46,9 @@ class Episode:
     error_codes: list[str] = field(default_factory=list)
     #: Proof of ownership sent with every start and close, as real clients do.
     session_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    #: The worker that answered each request (``x-gym-worker``: servers started
+    #: with ``--debug-worker-header``; None without): the session's holder.
+    served_by: list[str | None] = field(default_factory=list)
 
     @property
     def expected(self) -> int:
@@ -95,6 +101,7 @@ async def _post(
     async with client.post(url, json=body, headers=send_headers) as reply:
         data = await reply.json(content_type=None)
         episode.statuses.append(reply.status)
+        episode.served_by.append(reply.headers.get(_WORKER))
         if reply.status >= 400:
             episode.error_codes.append(data["error"]["code"])
         morsel = reply.cookies.get(SESSION_COOKIE)

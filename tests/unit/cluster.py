@@ -37,6 +37,8 @@ from gym_sessions.settings import Settings
 from .fake_clock import FakeClock
 
 SECRET = "test-secret-" + "x" * 20
+#: The close-retry window of the shared ``cluster`` fixture's workers (seconds).
+CLOSE_RETRY_WINDOW = 0.5
 
 
 async def wait_until(predicate: Any, within: float = 5.0) -> bool:
@@ -56,6 +58,11 @@ def holder_of(claim_value: str | None) -> str | None:
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+async def seed_start(worker: Worker, sid: str | None = None) -> Reply:
+    """Start a probe-server session at ``worker`` (a new id unless given); its reply."""
+    return await worker.request("POST", "/seed_session", {"resources_session_id": sid or new_id()})
 
 
 def dead_worker_id() -> str:
@@ -248,6 +255,10 @@ class Cluster:
 
     def claim_count(self) -> int:
         return 0 if self.runtime_dir is None else self.runtime_dir.claim_count()
+
+    def live_sessions(self) -> list[int]:
+        """Each worker's live sessions, in worker order."""
+        return [w.app.claims.live_sessions for w in self.workers]
 
     def private_client(self, worker: Worker) -> aiohttp.ClientSession:
         assert self.runtime_dir is not None

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from .cluster import Cluster, start_cluster
+from .cluster import CLOSE_RETRY_WINDOW, Cluster, start_cluster
+from .probe_server import ProbeServer
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,3 +45,22 @@ async def start_clusters(request, short_tmp) -> AsyncIterator[Callable[..., Any]
     yield make
     for cluster in made:
         await cluster.stop()
+
+
+@pytest.fixture(params=["file", "redis"])
+def cluster(request, start_clusters) -> Callable[..., Any]:
+    """``await cluster(n=3, server=ProbeServer, **settings)``, claims in files or a real Redis.
+
+    Each test using it runs with both claim stores (and, through `start_clusters`,
+    with handoff on and off); the close-retry window is `CLOSE_RETRY_WINDOW`
+    unless ``settings`` say otherwise.
+    """
+    store = request.param
+
+    async def make(n: int = 3, server: Any = ProbeServer, **settings: Any) -> Cluster:
+        settings.setdefault("session_close_retry_window_seconds", CLOSE_RETRY_WINDOW)
+        if store == "redis":
+            settings["claims"] = request.getfixturevalue("redis_server").url
+        return await start_clusters(server, n, **settings)
+
+    return make

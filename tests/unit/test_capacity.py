@@ -5,46 +5,23 @@ from __future__ import annotations
 import asyncio
 import random
 
-import pytest
-
-from .cluster import Cluster, new_id, wait_until
+from .cluster import new_id, seed_start, wait_until
 from .probe_agent import ProbeAgent
 from .probe_server import ProbeServer
 
 
-@pytest.fixture(params=["file", "redis"])
-def cluster(request, start_clusters):
-    store = request.param
-
-    async def make(n: int = 3, server=ProbeServer, **kw) -> Cluster:
-        kw.setdefault("session_close_retry_window_seconds", 0.5)
-        if store == "redis":
-            kw["claims"] = request.getfixturevalue("redis_server").url
-        return await start_clusters(server, n, **kw)
-
-    return make
-
-
-def _live(c: Cluster) -> list[int]:
-    return [w.app.claims.live_sessions for w in c.workers]
-
-
-async def _start(worker, sid: str | None = None):
-    return await worker.request("POST", "/seed_session", {"resources_session_id": sid or new_id()})
-
-
 async def test_starts_on_a_full_worker_are_placed_on_workers_with_room(cluster):
     c = await cluster(3, max_sessions=2)
-    replies = [await _start(c[0]) for _ in range(6)]  # every start lands on worker 0
+    replies = [await seed_start(c[0]) for _ in range(6)]  # every start lands on worker 0
     assert [r.status for r in replies] == [200] * 6
-    assert sorted(_live(c)) == [2, 2, 2]
+    assert sorted(c.live_sessions()) == [2, 2, 2]
     # Each placed session lives where its claim says, and its cookie reaches it there.
     for reply in replies:
         sid = reply.json["resources_session_id"]
         assert c.claim_owner(sid) == reply.json["worker"]
         touched = await c[1].request("POST", "/touch", cookie=reply.cookie)
         assert touched.json["worker"] == reply.json["worker"]
-    full = await _start(c[2])
+    full = await seed_start(c[2])
     assert full.status == 503 and full.json["error"]["code"] == "capacity_reached"
     assert full.headers["retry-after"] == "5" and "x-gym-no-room" not in full.headers
     assert full.set_cookies == []
@@ -53,7 +30,7 @@ async def test_starts_on_a_full_worker_are_placed_on_workers_with_room(cluster):
     assert (await c[1].request("POST", "/reset", {"resources_session_id": first})).status == 200
     closed = await c[2].request("POST", "/close_session", {"resources_session_id": first})
     assert closed.json["outcome"] == "closed"
-    again = await _start(c[1])
+    again = await seed_start(c[1])
     assert again.status == 200 and again.json["worker"] == replies[0].json["worker"]
 
 
@@ -61,12 +38,12 @@ async def test_a_concurrent_burst_fills_every_worker_exactly(cluster):
     n = 5
     c = await cluster(3, max_sessions=n)
     rng = random.Random(7)
-    replies = await asyncio.gather(*[_start(c[rng.randrange(3)]) for _ in range(3 * n)])
+    replies = await asyncio.gather(*[seed_start(c[rng.randrange(3)]) for _ in range(3 * n)])
     assert [r.status for r in replies] == [200] * (3 * n), [r.json for r in replies]
-    assert _live(c) == [n, n, n]
-    extra = await asyncio.gather(*[_start(c[i]) for i in range(3)])
+    assert c.live_sessions() == [n, n, n]
+    extra = await asyncio.gather(*[seed_start(c[i]) for i in range(3)])
     assert [r.json["error"]["code"] for r in extra] == ["capacity_reached"] * 3
-    assert _live(c) == [n, n, n]
+    assert c.live_sessions() == [n, n, n]
     # No room was left taken by the refused starts.
     assert all(w.app.claims._reserved == 0 for w in c.workers)
 
@@ -77,22 +54,22 @@ async def test_failed_starts_give_their_room_back(cluster):
         "POST", "/seed_session", {"resources_session_id": new_id(), "fail": True}
     )
     assert failed.status == 500
-    assert _live(c) == [0, 0]
-    assert [r.status for r in [await _start(c[0]), await _start(c[0])]] == [200, 200]
-    assert _live(c) == [1, 1]
+    assert c.live_sessions() == [0, 0]
+    assert [r.status for r in [await seed_start(c[0]), await seed_start(c[0])]] == [200, 200]
+    assert c.live_sessions() == [1, 1]
 
 
 async def test_one_full_worker_answers_503(start_clusters):
     c = await start_clusters(ProbeServer, 1, max_sessions=1)
-    assert (await _start(c[0])).status == 200
-    full = await _start(c[0])
+    assert (await seed_start(c[0])).status == 200
+    full = await seed_start(c[0])
     assert full.status == 503 and full.json["error"]["code"] == "capacity_reached"
 
 
 async def test_an_idle_session_expires_and_its_next_request_gets_410(cluster):
     c = await cluster(2, session_idle_timeout=0.3, session_close_retry_window_seconds=5)
-    idle = await _start(c[0])
-    busy = await _start(c[0])
+    idle = await seed_start(c[0])
+    busy = await seed_start(c[0])
     sid = idle.json["resources_session_id"]
     # The busy session keeps getting requests; the idle one none.
     for _ in range(8):
@@ -140,9 +117,9 @@ async def test_a_full_holders_no_room_mark_never_reaches_the_client(cluster):
         "POST", "/seed_session", {"resources_session_id": sid, "fail": True}
     )
     assert failed.status != 200 and c.claim_owner(sid) == c[1].id
-    assert (await _start(c[1])).status == 200
+    assert (await seed_start(c[1])).status == 200
     assert c[1].app.claims.live_sessions == 1
     # Worker 0 forwards the retried start to the id's holder, which has no room.
-    retried = await _start(c[0], sid)
+    retried = await seed_start(c[0], sid)
     assert retried.status == 503 and retried.json["error"]["code"] == "capacity_reached"
     assert "x-gym-no-room" not in retried.headers

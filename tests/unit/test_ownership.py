@@ -14,28 +14,13 @@ import pytest
 
 from gym_sessions.credentials import INCARNATION_KEY
 
-from .cluster import Cluster, count_call, honest_key, new_id, wait_until
+from .cluster import CLOSE_RETRY_WINDOW, Cluster, count_call, honest_key, new_id, wait_until
 from .probe_agent import ProbeAgent
 from .probe_server import ProbeServer
 
-WINDOW = 0.5
+WINDOW = CLOSE_RETRY_WINDOW  # the shared cluster fixture's close-retry window
 TOKEN = "X-Gym-Session-Token"
 ATTACKER_KEY = "attacker-key-" + "a" * 20
-
-
-@pytest.fixture(params=["file", "redis"])
-def cluster(request, start_clusters):
-    """Three workers of the probe server, claims in files or in a real redis-server."""
-    store = request.param
-
-    async def make(n: int = 3, server=ProbeServer, **kw) -> Cluster:
-        kw.setdefault("session_close_retry_window_seconds", WINDOW)
-        if store == "redis":
-            redis_server = request.getfixturevalue("redis_server")
-            kw["claims"] = redis_server.url
-        return await start_clusters(server, n, **kw)
-
-    return make
 
 
 async def _start(c: Cluster, worker: int = 0, **body):

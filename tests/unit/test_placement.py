@@ -15,30 +15,18 @@ import pytest
 
 from gym_sessions.routing.placement import FileLoadBoard, WorkerLoad
 
-from .cluster import Cluster, dead_worker_id, new_id
+from .cluster import Cluster, dead_worker_id, new_id, seed_start
 from .probe_server import ProbeServer
 
 
-@pytest.fixture(params=["file", "redis"])
-def cluster(request, start_clusters):
-    store = request.param
+@pytest.fixture
+def cluster(cluster):
+    """The shared `cluster` (conftest) with balanced placement, 4 workers unless said."""
 
-    async def make(n: int = 4, **kw) -> Cluster:
-        kw.setdefault("session_close_retry_window_seconds", 0.5)
-        kw["placement"] = "balanced"
-        if store == "redis":
-            kw["claims"] = request.getfixturevalue("redis_server").url
-        return await start_clusters(ProbeServer, n, **kw)
+    async def make(n: int = 4, **settings) -> Cluster:
+        return await cluster(n, placement="balanced", **settings)
 
     return make
-
-
-def _live(c: Cluster) -> list[int]:
-    return [w.app.claims.live_sessions for w in c.workers]
-
-
-async def _start(worker, sid: str | None = None):
-    return await worker.request("POST", "/seed_session", {"resources_session_id": sid or new_id()})
 
 
 async def _minted_start(worker):
@@ -69,13 +57,13 @@ def test_a_file_board_shows_each_worker_its_peers_records(short_tmp):
 
 async def test_starts_accepted_by_one_worker_spread_evenly(cluster):
     c = await cluster(4)
-    replies = [await _start(c[0]) for _ in range(20)]
+    replies = [await seed_start(c[0]) for _ in range(20)]
     assert [r.status for r in replies] == [200] * 20
     if c.settings.redis_claims:
         # Loads reach Redis one round trip late: even, within the bound.
-        assert min(_live(c)) >= 2 and sum(_live(c)) == 20
+        assert min(c.live_sessions()) >= 2 and sum(c.live_sessions()) == 20
     else:
-        assert _live(c) == [5, 5, 5, 5]
+        assert c.live_sessions() == [5, 5, 5, 5]
     # Each session lives where its claim says, and its cookie reaches it from anywhere.
     for reply in replies:
         sid = reply.json["resources_session_id"]
@@ -88,47 +76,47 @@ async def test_minted_ids_are_placed_too(cluster):
     c = await cluster(2)
     replies = [await _minted_start(c[0]) for _ in range(6)]
     assert [r.status for r in replies] == [200] * 6
-    assert min(_live(c)) >= 2
+    assert min(c.live_sessions()) >= 2
 
 
 async def test_a_concurrent_burst_on_one_worker_reaches_every_worker(cluster):
     c = await cluster(4)
-    replies = await asyncio.gather(*[_start(c[0]) for _ in range(40)])
+    replies = await asyncio.gather(*[seed_start(c[0]) for _ in range(40)])
     assert [r.status for r in replies] == [200] * 40, [r.json for r in replies]
     placed = Counter(r.json["worker"] for r in replies)
-    assert sum(_live(c)) == 40 and sorted(placed.values()) == sorted(_live(c))
+    assert sum(c.live_sessions()) == 40 and sorted(placed.values()) == sorted(c.live_sessions())
     # Never all (or most) on the accepting worker: every worker gets a real share.
-    assert min(_live(c)) >= 4, _live(c)
+    assert min(c.live_sessions()) >= 4, c.live_sessions()
 
 
 async def test_a_restart_stays_with_its_holder(cluster):
     c = await cluster(3)
     sid = new_id()
-    first = await _start(c[0], sid)
+    first = await seed_start(c[0], sid)
     holder = first.json["worker"]
     for worker in c.workers:
-        again = await _start(worker, sid)
+        again = await seed_start(worker, sid)
         assert again.status == 200 and again.json["worker"] == holder
-    assert sum(_live(c)) == 1
+    assert sum(c.live_sessions()) == 1
 
 
 async def test_a_draining_worker_is_never_chosen(cluster):
     c = await cluster(3)
     c[1].app.begin_drain()
-    replies = [await _start(c[0]) for _ in range(12)]
+    replies = [await seed_start(c[0]) for _ in range(12)]
     assert [r.status for r in replies] == [200] * 12
-    assert _live(c)[1] == 0 and sum(_live(c)) == 12
+    assert c.live_sessions()[1] == 0 and sum(c.live_sessions()) == 12
     # A draining acceptor places every start elsewhere.
-    more = [await _start(c[1]) for _ in range(4)]
-    assert [r.status for r in more] == [200] * 4 and _live(c)[1] == 0
+    more = [await seed_start(c[1]) for _ in range(4)]
+    assert [r.status for r in more] == [200] * 4 and c.live_sessions()[1] == 0
 
 
 async def test_full_workers_are_never_chosen_and_a_full_server_says_so(cluster):
     c = await cluster(4, max_sessions=2)
-    replies = [await _start(c[0]) for _ in range(8)]
+    replies = [await seed_start(c[0]) for _ in range(8)]
     assert [r.status for r in replies] == [200] * 8
-    assert _live(c) == [2, 2, 2, 2]
-    full = await _start(c[0])
+    assert c.live_sessions() == [2, 2, 2, 2]
+    full = await seed_start(c[0])
     assert full.status == 503 and full.json["error"]["code"] == "capacity_reached"
     assert "x-gym-no-room" not in full.headers
     assert all(w.app.claims._reserved == 0 for w in c.workers)
@@ -138,32 +126,32 @@ async def test_a_chosen_worker_that_refuses_passes_the_start_on(cluster):
     # Worker 1 is full but its record claims room (a stale record): it refuses
     # with its private no-room mark, and the start goes on to another worker.
     c = await cluster(3, max_sessions=1)
-    assert (await _start(c[1])).status == 200
-    assert _live(c) == [0, 1, 0]
-    assert (await _start(c[0])).status == 200  # worker 0 or 2
+    assert (await seed_start(c[1])).status == 200
+    assert c.live_sessions() == [0, 1, 0]
+    assert (await seed_start(c[0])).status == 200  # worker 0 or 2
     stale = c[1].app.router.placement
     assert stale is not None
     stale.board.publish(0, True)  # lies: 0 sessions, room
     if c.settings.redis_claims:
         await asyncio.sleep(0.1)  # the lie reaches Redis
-    third = await _start(c[0])
+    third = await seed_start(c[0])
     assert third.status == 200 and third.json["worker"] != c[1].id
-    assert sorted(_live(c)) == [1, 1, 1]
-    refused = await _start(c[0])
+    assert sorted(c.live_sessions()) == [1, 1, 1]
+    refused = await seed_start(c[0])
     assert refused.status == 503 and refused.json["error"]["code"] == "capacity_reached"
 
 
 async def test_a_gone_worker_loses_no_start(cluster):
     c = await cluster(3)
     await c[1].kill()  # its record stays, at 0 sessions: the first choice each time
-    replies = [await _start(c[0]) for _ in range(8)]
+    replies = [await seed_start(c[0]) for _ in range(8)]
     assert [r.status for r in replies] == [200] * 8
     assert {r.json["worker"] for r in replies} <= {c[0].id, c[2].id}
-    assert _live(c)[0] + _live(c)[2] == 8
+    assert c.live_sessions()[0] + c.live_sessions()[2] == 8
 
 
 async def test_local_placement_starts_where_the_start_arrived(start_clusters):
     c = await start_clusters(ProbeServer, 3, placement="local")
-    replies = [await _start(c[0]) for _ in range(6)]
+    replies = [await seed_start(c[0]) for _ in range(6)]
     assert {r.json["worker"] for r in replies} == {c[0].id}
     assert c[0].app.router.placement is None

@@ -23,6 +23,8 @@ from .cluster import SECRET, Cluster, Worker, new_id, wait_until
 from .probe_server import ProbeServer
 
 MIB = 1024 * 1024
+# A wait for an event ends when it comes; only a hang lasts this long.
+_HANG_GUARD = 60.0
 STARTS = ("/seed_session", "/reset", "/blind_start")
 
 
@@ -255,7 +257,8 @@ class _Flood:
             await asyncio.sleep(self.pause)
 
     def closed(self) -> int:
-        return sum(reader.at_eof() for reader in self.readers)
+        """Connections the listener closed: at their end, or reset (unread bytes, on Linux)."""
+        return sum(reader.at_eof() or reader.exception() is not None for reader in self.readers)
 
     async def _run(self) -> None:
         while True:
@@ -275,20 +278,29 @@ class _Flood:
 async def _most_open_while(worker: Worker, work) -> tuple[int, object]:
     """Run ``work`` while sampling the worker's open private connections; the most seen.
 
-    Checks on the way that the cap's count never passed its limit and that the
-    transports open never passed it by more than connections that gave way to
-    new ones and close on the loop's next pass.
+    Counts the connections the listener holds and is not closing. One that gave
+    way to a new one is closed at once but leaves the listener's set only on the
+    loop's next pass, and how many give way in one pass is how many the loop
+    accepted in one go: more on a slow machine, so they are not counted. Checks on
+    the way that the cap's count never passed its limit and that, closing ones
+    included, no more than twice the limit were open (the listener accepts at most
+    its backlog, the limit, in one go). Returns once every closing one has left.
     """
     most = 0
     done = asyncio.Event()
-    cap = worker.app._listener.connections
+    listener = worker.app._listener
+    cap = listener.connections
     assert cap is not None
+
+    def live() -> int:
+        return sum(not c.transport.is_closing() for c in listener._state.connections)
 
     async def sample() -> None:
         nonlocal most
         while not done.is_set():
             assert len(cap) <= cap.limit
-            most = max(most, _open_connections(worker))
+            assert _open_connections(worker) <= 2 * cap.limit, _open_connections(worker)
+            most = max(most, live())
             await asyncio.sleep(0.001)
 
     sampler = asyncio.create_task(sample())
@@ -297,23 +309,24 @@ async def _most_open_while(worker: Worker, work) -> tuple[int, object]:
     finally:
         done.set()
         await sampler
+    assert await wait_until(lambda: _open_connections(worker) == live(), within=_HANG_GUARD)
     return most, result
 
 
-async def test_a_connection_flood_stays_under_the_cap_and_peers_still_get_in(hosts):
+async def test_a_connection_flood_stays_under_the_cap_and_peers_still_get_in(hosts, monkeypatch):
     assert Settings().private_max_connections == 256
-    c = await hosts(2, private_max_connections=8)
+    # Nothing but the cap closes a flood's connection while the test runs.
+    monkeypatch.setattr(private_listener, "_HEAD_TIMEOUT_SECONDS", 3600.0)
+    c = await hosts(2, private_max_connections=8, private_idle_timeout=3600.0)
     sid, cookie = await _start(c[0])
     # A pooled connection from the peer, before the flood.
     touched = await c[1].request("POST", "/touch", cookie=cookie)
     assert touched.status == 200 and touched.json["worker"] == c[0].id
     flood = _Flood(_address(c[0]))
-    began = time.monotonic()
     most, _ = await _most_open_while(c[0], flood.open(120))
-    assert most <= 8 + 2, most
-    # Beyond the cap connections are closed at once (not after the 30 s head timeout).
-    assert await wait_until(lambda: flood.closed() >= 120 - 8, within=3), flood.closed()
-    assert time.monotonic() - began < 10
+    assert most <= 8, most
+    # Beyond the cap connections are closed as new ones come, by the cap.
+    assert await wait_until(lambda: flood.closed() >= 120 - 8, within=_HANG_GUARD), flood.closed()
 
     async def honest_traffic() -> list[int]:
         statuses = []
@@ -331,7 +344,7 @@ async def test_a_connection_flood_stays_under_the_cap_and_peers_still_get_in(hos
     with flood:  # and it goes on while peers forward
         most, statuses = await _most_open_while(c[0], honest_traffic())
     assert statuses == [200] * 50, statuses
-    assert most <= 8 + 2, most
+    assert most <= 8, most
     assert c[0].server.counts[sid] == 1 + 50
     cap = c[0].app._listener.connections
     assert cap is not None and cap.evicted >= 112 and cap.refused == 0
@@ -387,7 +400,7 @@ async def test_pooled_signed_forwarding_from_several_peers_works_at_the_cap(host
 
     most, statuses = await _most_open_while(c[0], forwarding())
     assert statuses == [200] * (4 + 10 * 7), statuses
-    assert most <= 4 + 2, most
+    assert most <= 4, most
     assert c[0].server.counts[sid] == 10 * 7
     cap = c[0].app._listener.connections
     assert cap is not None and cap.refused == 0
