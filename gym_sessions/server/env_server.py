@@ -46,7 +46,7 @@ from gym_sessions.spaces import (
     value_from_json,
     value_to_json,
 )
-from gym_sessions.spaces.values import to_jsonable
+from gym_sessions.spaces.values import space_contains, to_jsonable
 
 __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
 
@@ -342,7 +342,7 @@ class GymEnvServer(ResourcesServer):
             action = value_from_json(self.action_space, encoded_action)
         except SpaceCodecError as exc:
             raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
-        if not self.action_space.contains(action):
+        if not space_contains(self.action_space, action):
             raise InvalidRequestError(f"action {encoded_action!r} is outside the action space")
         # Before the step: a step that raises may still have changed the env.
         self.session_changed(sid)
