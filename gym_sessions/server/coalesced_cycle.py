@@ -13,7 +13,9 @@ scheduled with the head writes it alone, as uvicorn would have. uvicorn
 builds both writes itself (its header checks, lengths, chunking, keep-alive
 and close): the cycle only lends it a transport that keeps the head, then
 one that prepends it to the next write. Under write back-pressure (uvicorn's
-flow control paused) nothing is held.
+flow control paused) nothing is held. Private listeners (the hop) do not
+coalesce: there the head's early write lets the forwarding worker start
+while the holder writes the body (`gym_sessions.routing.private_listener`).
 """
 
 from __future__ import annotations
