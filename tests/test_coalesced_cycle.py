@@ -174,3 +174,9 @@ async def test_an_app_failing_after_its_start_still_sends_the_head_then_closes()
     (write,) = transport.writes  # as uvicorn: the head went out, then the connection closed
     assert write.startswith(b"HTTP/1.1 200 OK\r\n") and write.endswith(b"\r\n\r\n")
     assert transport.closed and transport.writes_at_close == 1
+
+
+def test_private_listeners_write_a_hops_reply_head_first():
+    from gym_sessions.routing.private_listener import _protocol_class
+
+    assert not _protocol_class().coalesces_replies
