@@ -180,3 +180,13 @@ def test_private_listeners_write_a_hops_reply_head_first():
     from gym_sessions.routing.private_listener import _protocol_class
 
     assert not _protocol_class().coalesces_replies
+
+
+async def test_a_head_request_gets_its_head_alone_and_the_connection_stays():
+    head_request = b"HEAD /step HTTP/1.1\r\nHost: x\r\n\r\n"
+    transport = await serve(json_reply, head_request, REQUEST)
+    first, second = transport.writes  # uvicorn writes no body for HEAD: the head goes alone
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and first.endswith(b"\r\n\r\n")
+    assert b"content-length: %d" % len(BODY) in first
+    assert second.endswith(b"\r\n\r\n" + BODY)
+    assert not transport.closed_by_server
