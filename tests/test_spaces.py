@@ -35,6 +35,7 @@ from gym_sessions.spaces import (
     value_from_json,
     value_to_json,
 )
+from gym_sessions.spaces.values import space_contains
 
 FLOAT_DTYPES = [np.float16, np.float32, np.float64]
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
@@ -915,3 +916,28 @@ def test_mutated_descriptions_only_raise_space_codec_error(name: str, data: st.D
     description[key] = data.draw(json_values)
     with contextlib.suppress(SpaceCodecError):
         space_from_json(description)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        Discrete(2),
+        Discrete(5, start=-2),
+        Discrete(3, dtype=np.int8),
+        Discrete(300, start=10, dtype=np.uint16),
+    ],
+)
+def test_space_contains_answers_as_discrete_contains(space):
+    decoded = []
+    for data in range(-5, 320):
+        with contextlib.suppress(Exception):
+            decoded.append(value_from_json(space, data))
+    others = [1, np.int32(1), np.int64(-3), np.float64(1.0), "1", np.array(1), True, None]
+    for value in [*decoded, *others]:
+        assert space_contains(space, value) == space.contains(value), (space, value)
+
+
+def test_space_contains_defers_to_other_spaces():
+    box = Box(0.0, 1.0, (2,), np.float32)
+    assert space_contains(box, np.array([0.5, 0.5], np.float32))
+    assert not space_contains(box, np.array([2.0, 0.5], np.float32))

@@ -37,9 +37,13 @@ class DisconnectWatch:
 
     Args:
         receive: The request's ASGI ``receive``; its body must be read already.
+        task: The task `run` will be awaited in, if known (the router's: each
+            lookup of the running task or loop costs a ``getpid()``); else
+            `run` looks its task up.
     """
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, task: asyncio.Task[Any] | None = None) -> None:
+        self._owner = task
         self._receive = receive
         self._gone = asyncio.Event()
         self._replying = False
@@ -52,7 +56,8 @@ class DisconnectWatch:
         # seen and acted on. A request served without suspending (most tool
         # calls) costs one callback handle instead of a task started and cancelled.
         self._listener: asyncio.Task[None] | None = None
-        self._start = asyncio.get_running_loop().call_soon(self._start_listening)
+        loop = task.get_loop() if task is not None else asyncio.get_running_loop()
+        self._start = loop.call_soon(self._start_listening)
 
     def _start_listening(self) -> None:
         self._listener = asyncio.ensure_future(self._listen())
@@ -89,7 +94,7 @@ class DisconnectWatch:
         self._replying = True
 
     async def run(self, work: Coroutine[Any, Any, None], *, cancellable: bool) -> None:
-        """Run ``work`` in this task; cancel it if the client leaves first and ``cancellable``.
+        """Run ``work`` in the watch's task; cancel it if the client leaves first and cancellable.
 
         A cancellation for the disconnect ends here (the client is not there to
         be answered); one of anyone else propagates. The work runs in the
@@ -100,7 +105,7 @@ class DisconnectWatch:
             work.close()  # the client left while the router decided: nothing to do
             self.cancelled = True
             return
-        task = asyncio.current_task()
+        task = self._owner or asyncio.current_task()
         assert task is not None
         self._task, self._cancellable = task, cancellable
         try:

@@ -265,7 +265,10 @@ def _protocol_class() -> type:
     # uvicorn's connection_made takes the wider asyncio.BaseTransport; ours, as
     # uvicorn's own, expects the socket transport every listener gives it.
     class PrivateHttpProtocol(_PrivateProtocol, BoundedHttpProtocol):  # type: ignore[misc]
-        pass
+        # A reply to a hop leaves as uvicorn writes it, head first: the
+        # forwarding worker then wakes while this one still writes the body
+        # (with one write, forwarded steps were 2% slower in an A/B run).
+        coalesces_replies = False
 
     return PrivateHttpProtocol
 

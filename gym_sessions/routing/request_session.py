@@ -133,7 +133,7 @@ class RequestSession:
         body: The body as the router read it, on the worker serving the request
             (`read_json` parses it there, rather than reading it again through
             the ASGI ``receive``).
-        data: ``request.session``, set by the session cookie middleware.
+        data: ``request.session``, set by `SessionCookie.attach`.
     """
 
     session_id: str

@@ -81,6 +81,7 @@ from gym_sessions.routing.request_session import (
     claims_on_reply,
 )
 from gym_sessions.routing.session_access import Incarnation, SessionAccess
+from gym_sessions.routing.session_cookie import SessionCookie
 from gym_sessions.routing.session_ids import (
     IdSource,
     SessionIdSources,
@@ -174,7 +175,9 @@ def _read_head(scope: Scope, limit: int) -> int | None:
     return declared
 
 
-async def _receive_within(receive: Receive, stall_seconds: float) -> Message:
+async def _receive_within(
+    receive: Receive, stall_seconds: float, task: asyncio.Task[Any] | None = None
+) -> Message:
     """``await receive()``, or 408 once it waited ``stall_seconds``.
 
     As ``asyncio.timeout`` would, but the timer is armed on the loop's next
@@ -183,9 +186,10 @@ async def _receive_within(receive: Receive, stall_seconds: float) -> Message:
     (nor a ``Timeout`` object, about half the cost of reading a small body)
     is made at all. The bound starts a turn later, not measurably.
     """
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
+    if task is None:  # the running one; the router passes its own (one lookup per request)
+        task = asyncio.current_task()
+        assert task is not None
+    loop = task.get_loop()
     timer: asyncio.TimerHandle | None = None
     expired = False
 
@@ -215,7 +219,12 @@ async def _receive_within(receive: Receive, stall_seconds: float) -> Message:
 
 
 async def _read_body(
-    receive: Receive, declared: int | None, limit: int, stall_seconds: float, ticket: BodyTicket
+    receive: Receive,
+    declared: int | None,
+    limit: int,
+    stall_seconds: float,
+    ticket: BodyTicket,
+    task: asyncio.Task[Any],
 ) -> bytes:
     if declared is not None and declared > limit:
         raise BodyTooLargeError(f"request body is larger than {limit} bytes")
@@ -224,7 +233,7 @@ async def _read_body(
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await _receive_within(receive, stall_seconds)
+        message = await _receive_within(receive, stall_seconds, task)
         if message["type"] == "http.disconnect":
             raise _ClientDisconnected
         chunk = message.get("body", b"")
@@ -241,10 +250,13 @@ async def _read_body(
 
 
 class SessionRouter:
-    """Pure ASGI middleware applying the routing rule; sits outside the session cookie middleware.
+    """Pure ASGI middleware applying the routing rule, around the worker's routes.
+
+    A request served here gets ``request.session`` and its reply's session
+    cookie from `SessionCookie`.
 
     Args:
-        app: The worker's app (session cookie middleware and routes).
+        app: The worker's app (its routes).
         sources: Where this kind of server finds session ids.
         credentials: Verifies cookies and tokens.
         claims: This worker's claims.
@@ -321,6 +333,7 @@ class SessionRouter:
         self.private_in_flight = 0
         self.private_done_at = 0.0
         self.access = SessionAccess(credentials, trust_session_ids)
+        self.session_cookie = SessionCookie(credentials, sources.cookie_key, claims)
         self.sources = sources
         self.credentials = credentials
         self.claims = claims
@@ -367,6 +380,9 @@ class SessionRouter:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, ticket: BodyTicket) -> None:
         private = scope.get(PRIVATE_SCOPE_KEY, False)
+        # Looked up once: each lookup of the running loop or task is a getpid() call.
+        task = asyncio.current_task()
+        assert task is not None
         try:
             declared = _read_head(scope, self.max_header_bytes)
             signed_digest = None
@@ -374,7 +390,7 @@ class SessionRouter:
                 # Before the body: an unsigned request costs the listener no body.
                 signed_digest = self.forward_signer.verify_head(scope, self.claims.worker_id)
             body = await _read_body(
-                receive, declared, self.max_body_bytes, self.body_read_timeout_seconds, ticket
+                receive, declared, self.max_body_bytes, self.body_read_timeout_seconds, ticket, task
             )
             if signed_digest is not None:
                 assert self.forward_signer is not None  # the head was checked by it
@@ -392,7 +408,7 @@ class SessionRouter:
             await self._send_error(scope, send, error)
             return
         scope[REQUEST_SESSION_KEY] = routed
-        watch = DisconnectWatch(receive)
+        watch = DisconnectWatch(receive, task)
         try:
             await self._route(routed, private, scope, body, watch, send)
         finally:
@@ -825,6 +841,8 @@ class SessionRouter:
                 return
             if message["type"] == "http.response.start":
                 watch.reply_started()  # folded in: one wrapper less per message
+                # Decided before this reply's claim, as the handler left the session.
+                cookie = self.session_cookie.header(routed, message["status"])
                 if not held and claims_on_reply(routed, message["status"]):
                     # A minted id whose handler used it: its incarnation is the nonce
                     # the reply's cookie already carries.
@@ -844,11 +862,13 @@ class SessionRouter:
                 if self.snapshots is not None:
                     # Before the reply leaves: what the client sees is what a restore gives.
                     await self.snapshots.after_request(sid, held=held)
-                if self.worker_header is not None:
-                    message["headers"] = [*message.get("headers", []), self.worker_header]
+                if cookie is not None or self.worker_header is not None:
+                    extra = [h for h in (cookie, self.worker_header) if h is not None]
+                    message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         routed.body = body  # for `read_json`: the body is not read twice
+        self.session_cookie.attach(scope, routed)
         cancellable = route_path(scope["path"]) not in self.runs_to_completion
         try:
             # ASGI apps are coroutine functions: the watch may close one it never awaits.

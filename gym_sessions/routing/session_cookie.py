@@ -1,7 +1,7 @@
 """``request.session`` from the signed session cookie, and the cookie on the reply.
 
-The router has already verified the cookie and chosen the session id; this
-middleware puts that id into ``request.session`` and decides whether the reply
+The router has already verified the cookie and chosen the session id;
+`SessionCookie` puts that id into ``request.session`` and decides whether the reply
 names the session in a ``Set-Cookie``: a session start does while this worker
 holds its claim (an agent seed that created nothing gives its claim up, so its
 reply names nothing); on servers whose sessions start on use, another request
@@ -12,22 +12,26 @@ session's current incarnation is not sent again.
 
 from __future__ import annotations
 
-from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from gym_sessions.credentials import INCARNATION_KEY, SessionCredentials
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.request_session import SessionData, claims_on_reply, request_session
+from gym_sessions.routing.request_session import RequestSession, SessionData, claims_on_reply
 from gym_sessions.routing.session_ids import IdSource
 
-__all__ = ["SessionCookieMiddleware"]
+__all__ = ["SessionCookie"]
+
+_SET_COOKIE = b"set-cookie"
 
 
-class SessionCookieMiddleware:
-    """Provides ``request.session`` and writes the session cookie.
+class SessionCookie:
+    """Provides ``request.session`` and the session cookie of a reply.
+
+    The router uses it around the handler of every request it serves here
+    (no middleware layer of its own: one coroutine and one ``send`` wrapper
+    less per request): `attach` before the handler, `header` when the reply starts.
 
     Args:
-        app: The app.
         credentials: Signs the cookie.
         cookie_key: The key of the session id in the cookie data.
         claims: This worker's claims: a start whose claim is being given up (an
@@ -35,42 +39,40 @@ class SessionCookieMiddleware:
     """
 
     def __init__(
-        self, app: ASGIApp, credentials: SessionCredentials, cookie_key: str, claims: OwnedClaims
+        self, credentials: SessionCredentials, cookie_key: str, claims: OwnedClaims
     ) -> None:
-        self.app = app
         self.credentials = credentials
         self.cookie_key = cookie_key
         self.claims = claims
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        routed = request_session(scope)
+    def attach(self, scope: Scope, routed: RequestSession) -> None:
+        """Give the request its ``request.session``: the cookie's data, naming its session."""
         data = SessionData(routed.cookie or {})
         # Set without marking the data used: naming the id (and the incarnation
         # the router admitted the request to) is the router's doing.
         dict.__setitem__(data, self.cookie_key, routed.session_id)
         dict.__setitem__(data, INCARNATION_KEY, routed.incarnation)
         scope["session"] = routed.data = data
+
+    def header(self, routed: RequestSession, status: int) -> tuple[bytes, bytes] | None:
+        """The ``Set-Cookie`` header of the reply starting with ``status``, if it gets one.
+
+        Decided as the handler's reply starts, before the router claims a
+        session on that reply.
+        """
+        data = routed.data
+        assert data is not None  # attached before the handler ran
+        # A refused or failed start names nothing: its owner has the key.
+        announce = (
+            routed.claims_first and status < 400 and self.claims.holds(routed.session_id)
+        ) or claims_on_reply(routed, status)
+        if not data.modified and not announce:
+            return None
         already_named = (
             routed.source is IdSource.COOKIE
             and routed.cookie is not None
             and routed.cookie.get(INCARNATION_KEY) == routed.incarnation
         )
-
-        async def send_with_cookie(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                # A refused or failed start names nothing: its owner has the key.
-                announce = (
-                    routed.claims_first and status < 400 and self.claims.holds(routed.session_id)
-                ) or claims_on_reply(routed, status)
-                if data.modified or (announce and not already_named):
-                    headers = MutableHeaders(scope=message)
-                    headers.append(
-                        "set-cookie", self.credentials.set_cookie_header(dict.copy(data)).decode()
-                    )
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
+        if not data.modified and already_named:
+            return None  # a cookie naming the current incarnation is not sent again
+        return _SET_COOKIE, self.credentials.set_cookie_header(dict.copy(data))

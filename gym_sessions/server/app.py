@@ -1,8 +1,9 @@
 """The app factory: one settings object and one server give a worker's ASGI app.
 
-The stack, outside in: `SessionRouter` (the routing rule), then
-`SessionCookieMiddleware` (``request.session`` and the cookie), then the
-Starlette app with the server's routes, bare and under ``/rollouts/{id}/``.
+The stack, outside in: `MetricsMiddleware` (unless ``--metrics off``), then
+`SessionRouter` (the routing rule; ``request.session`` and the cookie with
+`SessionCookie`), then the Starlette app with the server's routes, bare and
+under ``/rollouts/{id}/``.
 With several workers and routing on, the app also runs the worker's private
 listener and claim sweep from its lifespan.
 """
@@ -60,7 +61,6 @@ from gym_sessions.routing.redis_claims import (
 )
 from gym_sessions.routing.router import SessionRouter
 from gym_sessions.routing.runtime_dir import RuntimeDirectory, worker_process_exists
-from gym_sessions.routing.session_cookie import SessionCookieMiddleware
 from gym_sessions.routing.session_snapshots import (
     FileSnapshotStore,
     RedisSnapshotStore,
@@ -262,9 +262,7 @@ class WorkerApp:
         # The same routes, fixed paths found without Starlette's regex scan.
         starlette.router = RouteTable(all_routes, lifespan=self._lifespan)
         self.router = self.app = SessionRouter(
-            SessionCookieMiddleware(
-                starlette, self.credentials, server.sources.cookie_key, self.claims
-            ),
+            starlette,
             sources=server.sources,
             credentials=self.credentials,
             claims=self.claims,

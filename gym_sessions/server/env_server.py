@@ -47,7 +47,7 @@ from gym_sessions.spaces import (
     value_from_json,
     value_to_json,
 )
-from gym_sessions.spaces.values import to_jsonable
+from gym_sessions.spaces.values import space_contains, to_jsonable
 from gym_sessions.wire import EPISODE_LENGTH_HEADER
 
 __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
@@ -328,7 +328,10 @@ class GymEnvServer(ResourcesServer):
         return {"observation": state.observation, "episode_length": state.episode_length}
 
     async def _step(self, request: Request, body: dict[str, Any]) -> dict[str, Any]:
-        at_length = request.headers.get(EPISODE_LENGTH_HEADER)
+        # One scan of the raw headers: a Starlette Headers object per step costs more.
+        at_length = next(
+            (value for name, value in request.scope["headers"] if name == _EPISODE_LENGTH), None
+        )
         return self._step_served(
             session_id(request), body["action"], None if at_length is None else _length(at_length)
         )
@@ -354,7 +357,7 @@ class GymEnvServer(ResourcesServer):
             action = value_from_json(self.action_space, encoded_action)
         except SpaceCodecError as exc:
             raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
-        if not self.action_space.contains(action):
+        if not space_contains(self.action_space, action):
             raise InvalidRequestError(f"action {encoded_action!r} is outside the action space")
         # Before the step: a step that raises may still have changed the env.
         self.session_changed(sid)
@@ -403,9 +406,12 @@ class GymEnvServer(ResourcesServer):
                 continue
 
 
-def _length(header: str) -> int:
+_EPISODE_LENGTH = EPISODE_LENGTH_HEADER.encode()
+
+
+def _length(header: bytes) -> int:
     """The episode length an ``x-gym-episode-length`` header names."""
-    if not (header.isascii() and header.isdigit()) or len(header) > 18:
+    if not header.isdigit() or len(header) > 18:
         raise InvalidRequestError(
             f"{EPISODE_LENGTH_HEADER} must be the episode's length, a non-negative integer"
         )

@@ -12,7 +12,8 @@ nothing) and closed. A worker then holds at most ``max_head_bytes`` plus one
 read (256 KiB) per connection, and parses each byte once.
 
 Everything after the head (bodies, replies, keep-alive, pipelining) is
-uvicorn's own. The router still checks the parsed head's size (431) for
+uvicorn's own, but for one thing: a reply's head leaves in the same write as
+its first body bytes (`CoalescedCycle`). The router still checks the parsed head's size (431) for
 requests that reach it by other paths (the private listeners).
 
 It is also the one protocol whose connections can be handed to another worker
@@ -26,10 +27,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gym_sessions.errors import (
     HeadersTooLargeError,
@@ -39,11 +40,13 @@ from gym_sessions.errors import (
     error_headers,
 )
 from gym_sessions.routing.handoff import CONNECTION_SCOPE_KEY, HANDED_IN_SCOPE_KEY
+from gym_sessions.server.coalesced_cycle import CoalescedCycle
 
 __all__ = ["TESTED_UVICORN", "BoundedHttpProtocol"]
 
-#: uvicorn versions whose protocol internals handoff was tested against
-#: (``cycle``, ``pipeline``, ``parser``, ``flow``, the scope made in ``on_message_begin``).
+#: uvicorn versions whose protocol internals handoff and `CoalescedCycle` were tested
+#: against (``cycle``, ``pipeline``, ``parser``, ``flow``, the scope made in
+#: ``on_message_begin``, the cycle's writes through its ``transport``).
 TESTED_UVICORN = ((0, 54),)
 
 
@@ -66,7 +69,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools HTTP/1.1 protocol with bounded request heads.
 
     ``handoff_enabled`` is false on a uvicorn outside `TESTED_UVICORN`: its
-    connections are then never handed over (the router hops).
+    connections are then never handed over (the router hops). So is
+    ``coalesces_replies``: replies are then written as uvicorn writes them.
 
     Args:
         *args: As for uvicorn's ``HttpToolsProtocol``.
@@ -77,6 +81,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     """
 
     handoff_enabled = _uvicorn_tested()
+    #: Each reply's head leaves with its first body bytes (`CoalescedCycle`); the
+    #: cycle's writes are uvicorn internals too.
+    coalesces_replies = _uvicorn_tested()
 
     def __init__(self, *args: Any, max_head_bytes: int, head_timeout: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -132,6 +139,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._disarm_head_timer()
         super().on_headers_complete()
+        cycle = self.cycle
+        if self.coalesces_replies and type(cycle) is RequestResponseCycle:
+            # The cycle uvicorn just made (none for an upgrade): its reply in one write.
+            cycle.__class__ = CoalescedCycle
+            cast("CoalescedCycle", cycle).loop = self.loop
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -13,9 +13,10 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from gym_sessions.server.bodies import BodySchema, read_json
-from gym_sessions.server.replies import JSONReply
+from gym_sessions.server.replies import send_json_reply
 
 __all__ = ["Tool", "ToolHandler"]
 
@@ -45,12 +46,7 @@ class Tool:
 
     def route(self) -> Route:
         """The HTTP route of this tool."""
-
-        async def endpoint(request: Request) -> JSONReply:
-            arguments = self.arguments.validate(await read_json(request))
-            return JSONReply(await self.handler(request, arguments))
-
-        return Route(self.path, endpoint, methods=["POST"], name=self.name)
+        return Route(self.path, _ToolEndpoint(self), methods=["POST"], name=self.name)
 
     def describe(self) -> dict[str, Any]:
         """This tool as an MCP ``Tool`` object."""
@@ -59,3 +55,23 @@ class Tool:
             "description": self.description,
             "inputSchema": self.arguments.json_schema(),
         }
+
+
+class _ToolEndpoint:
+    """A tool's HTTP route as an ASGI app: the request's arguments in, the handler's JSON out.
+
+    Not a request function: Starlette would wrap one in its request/response
+    adapter (two coroutines, an exception wrapper and a ``send`` wrapper per
+    request, then a response object), for the same reply. An error raised here
+    reaches the app's exception handlers as from any route (Starlette's
+    exception middleware applies the same handlers the adapter would).
+    """
+
+    def __init__(self, tool: Tool) -> None:
+        self.tool = tool
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        tool = self.tool
+        arguments = tool.arguments.validate(await read_json(request))
+        await send_json_reply(send, await tool.handler(request, arguments))
