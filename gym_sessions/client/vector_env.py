@@ -187,9 +187,13 @@ class RemoteVectorEnv(VectorEnv):
             ``False``: one ``/step`` per sub-env, as against an older server.
         batch_group_size: With batches, sub-envs ``k * size`` to ``(k + 1) * size - 1``
             start their sessions over sub-env ``k * size``'s connection, so one
-            worker holds the group and one request steps it: 4 sessions, one
-            request per step; 64, four (the groups may share a worker).
-            ``1``: each sub-env starts over its own connection, on any worker.
+            worker holds the group and one request steps it: up to 64 sessions,
+            one request per step; 256, four (the groups may share a worker).
+            A request costs both sides far more than an entry, so fewer and
+            larger batches step faster, but one worker steps a group's entries
+            in turn: a smaller size spreads an env whose step is heavy over
+            more workers. ``1``: each sub-env starts over its own connection,
+            on any worker.
     """
 
     def __init__(
@@ -204,7 +208,7 @@ class RemoteVectorEnv(VectorEnv):
         copy: bool = True,
         headers: Mapping[str, str] | None = None,
         step_batch: bool = True,
-        batch_group_size: int = 16,
+        batch_group_size: int = 64,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
