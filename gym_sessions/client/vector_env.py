@@ -494,9 +494,12 @@ class RemoteVectorEnv(VectorEnv):
         batch = StepBatch(
             self.envs, stepping, self.step_batch["path"], self.step_batch["max_entries"]
         )
-        stepped, *reset = await asyncio.gather(
-            batch.run(), *(self.envs[i].reset() for i in resetting), return_exceptions=True
-        )
+        if resetting:
+            stepped, *reset = await asyncio.gather(
+                batch.run(), *(self.envs[i].reset() for i in resetting), return_exceptions=True
+            )
+        else:  # awaited in this task: no task of its own, a loop turn less
+            stepped, reset = await batch.run(), []
         if isinstance(stepped, BaseException):
             raise stepped  # never a sub-env's error: those are its results
         results: list[Any] = [None] * self.num_envs
