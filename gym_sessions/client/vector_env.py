@@ -80,8 +80,9 @@ class _VectorLoop:
     between threads; a caller that already runs one (a notebook) cannot run
     another in its thread, so then the loop moves to a daemon thread of its
     own, for good, and `run` waits for it there. Against the loop always in a
-    thread, the caller's thread measured 1.71x the steps/s at N = 4 (CartPole,
-    4 workers, interleaved rounds on 2 loaded cores; benchmarks/README.md).
+    thread, the caller's thread measured 1.39x and 1.71x the steps/s at N = 4
+    in two runs, and 0.98x at N = 64 (CartPole, 4 workers, interleaved rounds
+    on 2 loaded cores; benchmarks/README.md): it pays where requests are few.
     """
 
     def __init__(self) -> None:
@@ -121,10 +122,14 @@ class _VectorLoop:
         try:
             return self.loop.run_until_complete(task)
         except BaseException:
-            if not task.done():
-                task.cancel()  # an interrupted caller must not leave requests running
+            # An interrupted caller (KeyboardInterrupt) must not leave requests
+            # running: every task still pending here is this call's.
+            pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+            for other in pending:
+                other.cancel()
+            if pending:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
-                    self.loop.run_until_complete(task)
+                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             raise
         finally:
             if self._close_after_run:
