@@ -5,14 +5,18 @@ seeded PPO (``MlpPolicy``, CPU, one torch thread, ``n_steps=128``, 4 envs,
 ``batch_size=128``, ``n_epochs=4``) learns ``--timesteps`` timesteps through:
 
 - ``remote``: ``VecMonitor(RemoteVecEnv(url, num_envs=4))``;
-- ``local``: ``VecMonitor(DummyVecEnv([gym.make("CartPole-v1")] * 4))``.
+- ``local``: ``VecMonitor(DummyVecEnv([gym.make("CartPole-v1")] * 4))``;
+- ``remote @REV`` (``--baseline REV``): ``remote`` with that commit's client
+  and server (a ``git worktree`` of it, the client in its own process, the
+  server a second 4-worker server beside ours).
 
-Rounds interleave the two (order swapped each round); each figure is the median
+Rounds interleave them (order rotated each round); each figure is the median
 over rounds of timesteps / seconds of ``learn`` (env creation and PPO setup
 excluded; PPO's own training epochs included, as a user sees them). Needs the
 ``sb3`` extra. Run from the repository root:
 
-    .venv/bin/python benchmarks/sb3_throughput.py [--rounds 3] [--timesteps 4096]
+    .venv/bin/python benchmarks/sb3_throughput.py [--rounds 3] [--timesteps 4096] \
+        [--baseline REV]
 
 Prints a Markdown table and writes sb3_throughput.json into --out DIR (default
 benchmarks/results/local/, untracked).
@@ -21,10 +25,15 @@ benchmarks/results/local/, untracked).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
+from typing import Any
 
 import _common
 import gymnasium as gym
@@ -37,6 +46,26 @@ from gym_sessions.server.process import start_server
 
 WORKERS = 4
 NUM_ENVS = 4
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def measure_revision(path: str, url: str, timesteps: int, seed: int) -> dict[str, float]:
+    """`measure` of ``remote`` in a child process importing the worktree at ``path``."""
+    code = f"import sys, json; sys.path[:0] = [{path!r}, {HERE!r}]; import torch; "
+    code += "torch.set_num_threads(1); import sb3_throughput as b; "
+    code += f"print(json.dumps(b.measure('remote', {url!r}, {timesteps}, {seed})))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=path,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def make_env(kind: str, url: str) -> VecEnv:
@@ -76,16 +105,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timesteps", type=int, default=4096)
+    parser.add_argument("--baseline", help="also remote with this commit (client and server)")
     args = _common.parse_args(parser)
     torch.set_num_threads(1)
+    with contextlib.ExitStack() as stack:
+        baseline = None
+        if args.baseline:
+            (revision,) = stack.enter_context(_common.worktrees([args.baseline]))
+            server = stack.enter_context(
+                _common.start_revision_server(revision, "CartPole-v1", workers=WORKERS)
+            )
+            baseline = (revision, server.url)
+        run(args, baseline)
 
-    runs: dict[str, list[dict[str, float]]] = {"remote": [], "local": []}
+
+def run(args: argparse.Namespace, baseline: tuple[Any, str] | None) -> None:
+    """The interleaved rounds and the report; ``baseline``: (revision, its server's URL)."""
+    kinds = ["remote", "local"]
+    base_kind = f"remote @{args.baseline}" if baseline is not None else None
+    if base_kind is not None:
+        kinds.append(base_kind)
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     load_before = os.getloadavg()
     with start_server("CartPole-v1", workers=WORKERS) as server:
         for round_ in range(args.rounds):
-            order = ["remote", "local"] if round_ % 2 == 0 else ["local", "remote"]
-            for kind in order:
-                result = measure(kind, server.url, args.timesteps, seed=round_)
+            shift = round_ % len(kinds)
+            for kind in kinds[shift:] + kinds[:shift]:
+                if kind == base_kind and baseline is not None:
+                    result = measure_revision(
+                        baseline[0].path, baseline[1], args.timesteps, seed=round_
+                    )
+                else:
+                    result = measure(kind, server.url, args.timesteps, seed=round_)
                 runs[kind].append(result)
                 rate = result["timesteps_per_second"]
                 print(f"round {round_} {kind}: {rate:.0f} timesteps/s", flush=True)
@@ -106,6 +157,16 @@ def main() -> None:
         rates = [r["timesteps_per_second"] for r in rounds]
         print(f"| {kind} | {medians[kind]:.0f} | {min(rates):.0f} - {max(rates):.0f} |")
     print(f"\nremote / local: {ratio:.2f}")
+    per_round = {
+        other: [
+            r["timesteps_per_second"] / o["timesteps_per_second"]
+            for r, o in zip(runs["remote"], runs[other], strict=True)
+        ]
+        for other in kinds[1:]
+    }
+    for other, ratios in per_round.items():
+        spread = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"remote / {other}, per round: {spread} (median {statistics.median(ratios):.2f})")
 
     path = _common.write_json(
         "sb3_throughput",
@@ -124,6 +185,8 @@ def main() -> None:
             },
             "median_timesteps_per_second": medians,
             "remote_over_local": ratio,
+            "per_round_ratios": per_round,
+            "baseline": None if baseline is None else baseline[0].commit,
             "runs": runs,
         },
     )

@@ -77,9 +77,12 @@ class StepBatch:
             except GymSessionsError as error:
                 results[i] = error
 
-        await asyncio.gather(
-            *(self._send(chunk, results) for chunk in chunks), *(step_alone(i) for i in alone)
-        )
+        if len(chunks) == 1 and not alone:
+            await self._send(chunks[0], results)  # one request: no task of its own
+        else:
+            await asyncio.gather(
+                *(self._send(chunk, results) for chunk in chunks), *(step_alone(i) for i in alone)
+            )
         return results
 
     async def _send(

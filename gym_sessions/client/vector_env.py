@@ -1,8 +1,9 @@
 """`RemoteVectorEnv`: N remote sessions stepped concurrently from one process.
 
-One background thread runs one asyncio event loop that drives N
-`AsyncRemoteEnv` sessions; each `step` sends the N requests at once
-(``asyncio.gather``) and waits for all replies. No process per sub-env: the
+One asyncio event loop drives N `AsyncRemoteEnv` sessions; each `step`
+sends their requests at once and waits for all replies. The calling thread
+runs the loop itself, or, if it already runs an event loop of its own (a
+notebook), a daemon thread does (`_VectorLoop`). No process per sub-env: the
 work is the server's, the client only waits on sockets. ``gymnasium.make_vec``
 builds it for ``gym_sessions/Remote-v0``.
 
@@ -26,8 +27,8 @@ sessions with new ones.
 A vector env that is garbage-collected or still open at interpreter exit
 closes its sessions by itself, all at once on its loop (at most
 `EXIT_CLOSE_TIMEOUT_SECONDS` in all, errors ignored), closes their aiohttp
-sessions and stops its thread, so nothing is left open on the server and
-aiohttp prints no "Unclosed client session".
+sessions and closes its loop (and stops its thread, if any), so nothing is
+left open on the server and aiohttp prints no "Unclosed client session".
 """
 
 from __future__ import annotations
@@ -62,30 +63,53 @@ EXIT_CLOSE_TIMEOUT_SECONDS = 2.0
 _CLOSING_TASKS: set[asyncio.Task[None]] = set()
 
 
-class _EventLoopThread:
-    """An asyncio event loop in a daemon thread; `run` blocks the caller until a coroutine ends.
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
-    A thread, not ``asyncio.run`` per call: the sessions' kept-alive connections
-    belong to one loop and must outlive each call, and a caller that already
-    runs a loop (a notebook) cannot run another in its own thread. Against a
-    private loop run in the caller's thread (``run_until_complete``), the hop
-    measured no slower beyond round-to-round noise (N = 8 and 64 CartPole
-    sessions, 4 workers, 2 cores: 1374 vs 1819 and 2163 vs 2070 steps/s, medians
-    of 8 rounds whose spread was about 2x).
+
+class _VectorLoop:
+    """The vector env's own asyncio event loop; `run` blocks the caller until a coroutine ends.
+
+    One loop for the env's life: the sessions' kept-alive connections belong
+    to it and must outlive each call. A caller whose thread runs no event loop
+    runs it itself (``run_until_complete``), so a vector step costs no switch
+    between threads; a caller that already runs one (a notebook) cannot run
+    another in its thread, so then the loop moves to a daemon thread of its
+    own, for good, and `run` waits for it there. Against the loop always in a
+    thread, the caller's thread measured 1.39x and 1.71x the steps/s at N = 4
+    in two runs, and 0.98x at N = 64 (CartPole, 4 workers, interleaved rounds
+    on 2 loaded cores; benchmarks/README.md): it pays where requests are few.
     """
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="gym-sessions-vector-loop", daemon=True
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        # One caller drives the loop at a time (a collected env's close may come from any thread).
+        self._lock = threading.Lock()
+        self._close_after_run = False
 
     def is_current(self) -> bool:
-        """Whether the caller runs on the loop's thread (where `run` would wait for itself)."""
-        return threading.current_thread() is self._thread
+        """Whether the caller runs inside this loop (where `run` would wait for itself)."""
+        if self._thread is not None:
+            return threading.current_thread() is self._thread
+        return _running_loop() is self.loop
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self.is_current():
+            coroutine.close()
+            raise RuntimeError("a vector env cannot wait for its own event loop from inside it")
+        with self._lock:
+            if self._thread is None:
+                if _running_loop() is None:
+                    return self._run_here(coroutine)
+                self._thread = threading.Thread(
+                    target=self.loop.run_forever, name="gym-sessions-vector-loop", daemon=True
+                )
+                self._thread.start()
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         try:
             return future.result()
@@ -93,8 +117,42 @@ class _EventLoopThread:
             future.cancel()  # an interrupted caller must not leave requests running
             raise
 
+    def _run_here(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        task = self.loop.create_task(coroutine)
+        try:
+            return self.loop.run_until_complete(task)
+        except BaseException:
+            # An interrupted caller (KeyboardInterrupt) must not leave requests
+            # running: every task still pending here is this call's.
+            pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+            for other in pending:
+                other.cancel()
+            if pending:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            raise
+        finally:
+            if self._close_after_run:
+                self._close_here()
+
+    def _close_here(self) -> None:
+        """Close the loop from the caller's thread, once what it still runs has ended."""
+        pending = asyncio.all_tasks(self.loop)
+        if pending:
+            self.loop.run_until_complete(asyncio.wait(pending, timeout=EXIT_CLOSE_TIMEOUT_SECONDS))
+        self.loop.run_until_complete(asyncio.sleep(0))  # closed transports let their sockets go
+        self.loop.close()
+
     def stop(self) -> None:
         if self.loop.is_closed():
+            return
+        if self._thread is None:
+            if self.loop.is_running():
+                self._close_after_run = True  # stopped from inside a run: close once it ends
+            else:
+                with self._lock:
+                    if not self.loop.is_closed():
+                        self._close_here()
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         if threading.current_thread() is not self._thread:
@@ -112,14 +170,12 @@ async def _close_envs(envs: Sequence[AsyncRemoteEnv], give_up_after: float | Non
         await asyncio.wait_for(_gather([env.close() for env in envs]), give_up_after)
 
 
-def _close_and_stop(
-    loop: _EventLoopThread, envs: list[AsyncRemoteEnv], timeout: float | None
-) -> None:
-    """Close every sub-env (see `_close_envs`) on ``loop``, then stop the loop's thread."""
+def _close_and_stop(loop: _VectorLoop, envs: list[AsyncRemoteEnv], timeout: float | None) -> None:
+    """Close every sub-env (see `_close_envs`) on ``loop``, then stop the loop."""
     if loop.loop.is_closed():
         return
     if loop.is_current():
-        # Collected on the loop's own thread, which cannot wait for itself:
+        # Collected inside its own loop, which cannot wait for itself:
         # the loop closes the sessions, then stops.
         task = loop.loop.create_task(_close_envs(list(envs), timeout))
         _CLOSING_TASKS.add(task)
@@ -132,10 +188,10 @@ def _close_and_stop(
         loop.stop()
 
 
-def _close_abandoned(pid: int, loop: _EventLoopThread, envs: list[AsyncRemoteEnv]) -> None:
+def _close_abandoned(pid: int, loop: _VectorLoop, envs: list[AsyncRemoteEnv]) -> None:
     """The close of a vector env collected or still open at exit: bounded, never raising."""
     if os.getpid() != pid:
-        return  # a forked child has no loop thread: its parent's sessions are not its own
+        return  # a forked child has no loop of its own: its parent's sessions are not its own
     with contextlib.suppress(Exception):
         _close_and_stop(loop, envs, EXIT_CLOSE_TIMEOUT_SECONDS)
 
@@ -187,9 +243,13 @@ class RemoteVectorEnv(VectorEnv):
             ``False``: one ``/step`` per sub-env, as against an older server.
         batch_group_size: With batches, sub-envs ``k * size`` to ``(k + 1) * size - 1``
             start their sessions over sub-env ``k * size``'s connection, so one
-            worker holds the group and one request steps it: 4 sessions, one
-            request per step; 64, four (the groups may share a worker).
-            ``1``: each sub-env starts over its own connection, on any worker.
+            worker holds the group and one request steps it: up to 64 sessions,
+            one request per step; 256, four (the groups may share a worker).
+            A request costs both sides far more than an entry, so fewer and
+            larger batches step faster, but one worker steps a group's entries
+            in turn: a smaller size spreads an env whose step is heavy over
+            more workers. ``1``: each sub-env starts over its own connection,
+            on any worker.
     """
 
     def __init__(
@@ -204,7 +264,7 @@ class RemoteVectorEnv(VectorEnv):
         copy: bool = True,
         headers: Mapping[str, str] | None = None,
         step_batch: bool = True,
-        batch_group_size: int = 16,
+        batch_group_size: int = 64,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
@@ -225,7 +285,7 @@ class RemoteVectorEnv(VectorEnv):
             # This env closes its sub-envs at exit itself: all at once, on its loop.
             "close_at_exit": False,
         }
-        self._loop = _EventLoopThread()
+        self._loop = _VectorLoop()
         #: One per sub-env; replaced in place (the exit close holds this list).
         self.envs: list[AsyncRemoteEnv] = []
         self._close_at_exit = weakref.finalize(
@@ -439,9 +499,12 @@ class RemoteVectorEnv(VectorEnv):
         batch = StepBatch(
             self.envs, stepping, self.step_batch["path"], self.step_batch["max_entries"]
         )
-        stepped, *reset = await asyncio.gather(
-            batch.run(), *(self.envs[i].reset() for i in resetting), return_exceptions=True
-        )
+        if resetting:
+            stepped, *reset = await asyncio.gather(
+                batch.run(), *(self.envs[i].reset() for i in resetting), return_exceptions=True
+            )
+        else:  # awaited in this task: no task of its own, a loop turn less
+            stepped, reset = await batch.run(), []
         if isinstance(stepped, BaseException):
             raise stepped  # never a sub-env's error: those are its results
         results: list[Any] = [None] * self.num_envs
@@ -530,7 +593,7 @@ class RemoteVectorEnv(VectorEnv):
         return tuple(results)
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Close every session (best effort, concurrently) and stop the event loop thread."""
+        """Close every session (best effort, concurrently), then the event loop."""
         if self._close_at_exit.detach() is not None:
             _close_and_stop(self._loop, self.envs, timeout=None)
 

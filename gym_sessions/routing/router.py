@@ -759,7 +759,7 @@ class SessionRouter:
             if (
                 restorable
                 and self.snapshots is not None
-                and await self.claims.store.holder_exited(holder)
+                and await self.snapshots.may_take_over(holder)
             ):
                 return False
             await self._send_error(scope, reply_send, error)
@@ -785,18 +785,17 @@ class SessionRouter:
     ) -> bool:
         """Take a dead holder's durable session over; ``True``: serve the request here.
 
-        Of the workers racing to restore it, one wins (`SessionSnapshots.restore`);
+        Of the workers racing to restore it, one wins (`SessionSnapshots.take_over`);
         the others forward to the winner. Without a snapshot the request gets
         410 as without durable sessions.
         """
         assert self.snapshots is not None
-        sid = routed.session_id
-        outcome = await self.snapshots.restore(sid, dead_holder)
-        if outcome.restored or sid in self.claims:
+        server = await self.snapshots.take_over(routed.session_id, dead_holder)
+        if server == self.claims.worker_id:
             return True
-        if outcome.holder is not None and outcome.holder != self.claims.worker_id:
-            # Never a second restore from here: a winner that died too is a 410.
-            await self._forward(outcome.holder, scope, body, watch, send, start=routed.starts)
+        if server is not None:
+            # Not restorable: a winner that died too is a 410.
+            await self._forward(server, scope, body, watch, send, start=routed.starts)
         else:
             await self._send_error(scope, send, holder_gone(dead_holder))
         return False

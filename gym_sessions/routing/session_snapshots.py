@@ -488,3 +488,27 @@ class SessionSnapshots:
         self.on_restored()
         logger.info("session %r restored here from the snapshot of %s", session_id, dead_holder)
         return RestoreOutcome(True)
+
+    async def may_take_over(self, refused_holder: str) -> bool:
+        """Whether ``refused_holder``'s sessions may be taken over after it refused a hop.
+
+        The hop never reached it, so nothing ran there; its process must have
+        exited too (`ClaimStore.holder_exited`): a slow worker never is.
+        """
+        return await self.claims.store.holder_exited(refused_holder)
+
+    async def take_over(self, session_id: str, dead_holder: str) -> str | None:
+        """The worker that serves a request of ``session_id`` now that ``dead_holder`` is gone.
+
+        The rule every request follows, a ``/step`` and a step batch's entry
+        alike (§3.14.3): this worker's id when the session is here now (this
+        request restored it, or another of this worker's did); the winner's id
+        when another worker won the takeover (forward there, once: a winner that
+        died too is a 410, never a second restore); ``None`` when the session
+        cannot be restored (410).
+        """
+        outcome = await self.restore(session_id, dead_holder)
+        own = self.claims.worker_id
+        if outcome.restored or session_id in self.claims:
+            return own
+        return outcome.holder if outcome.holder != own else None

@@ -23,7 +23,12 @@ The routing rule, per entry (docs/design.md §3.4.7):
    workers are sent to each holder as one sub-batch over the private hop
    (concurrently), and their results merged back; a request that came over a
    private socket is never forwarded again (an entry held elsewhere there is
-   409, as a private ``/step`` would be);
+   409, as a private ``/step`` would be); when every entry of a public batch
+   is held by one other worker, the connection itself is first offered to it
+   (`Handoff`, one host), so the client's next batches land on the holder;
+   with durable sessions, a holder that
+   refused the hop and has exited is taken over entry by entry, as each
+   entry's ``/step`` would take it over (`SessionSnapshots.take_over`);
 3. on the holder, an entry is admitted by the ownership rule (`SessionAccess`)
    against the session's incarnation, after `OwnedClaims.enter`, as a single
    ``/step`` is; a refused entry changes nothing and the others still step;
@@ -63,7 +68,8 @@ from gym_sessions.errors import (
     SessionGoneError,
     error_from_body,
 )
-from gym_sessions.routing.forwarder import Forwarder
+from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone
+from gym_sessions.routing.handoff import HANDED_IN_SCOPE_KEY, Handoff
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.request_session import RequestSession
 from gym_sessions.routing.session_access import SessionAccess
@@ -165,6 +171,10 @@ class StepBatchRoute:
         snapshots: Durable sessions, if on: an entry's snapshot is written
             before the batch replies, as a ``/step``'s before its reply.
         record_step: Records an entry's handler time (operator metrics), if on.
+        handoff: Hand the connection itself to the holder when every entry of
+            a public batch is another worker's, all the same one's
+            (`Handoff.hand_over`, as the router does for a ``/step``); ``None``:
+            the sub-batch hops.
     """
 
     def __init__(
@@ -178,6 +188,7 @@ class StepBatchRoute:
         forwarder: Forwarder | None,
         snapshots: SessionSnapshots | None = None,
         record_step: Callable[[float], None] | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         self.steps = steps
         self.sources = sources
@@ -187,6 +198,7 @@ class StepBatchRoute:
         self.forwarder = forwarder
         self.snapshots = snapshots
         self.record_step = record_step
+        self.handoff = handoff
 
     async def serve(
         self,
@@ -206,7 +218,8 @@ class StepBatchRoute:
         except HTTPError as error:
             await send_error(send, error)
             return
-        await self._serve_entries(entries, scope, private)
+        if await self._serve_entries(entries, scope, body, private):
+            return  # the holder took the connection: it answers
         reply = json.dumps({"results": [entry.result for entry in entries]}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(reply))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -240,7 +253,10 @@ class StepBatchRoute:
                 )
             entry.session_id, entry.cookie = found.session_id, cookie
 
-    async def _serve_entries(self, entries: list[_Entry], scope: Scope, private: bool) -> None:
+    async def _serve_entries(
+        self, entries: list[_Entry], scope: Scope, body: bytes, private: bool
+    ) -> bool:
+        """Serve or send on every entry; ``True``: the connection went to the one holder."""
         here: list[_Entry] = []
         elsewhere: dict[str, list[_Entry]] = {}
         for entry in entries:
@@ -258,6 +274,17 @@ class StepBatchRoute:
                 )
             else:
                 elsewhere.setdefault(holder, []).append(entry)
+        if (
+            self.handoff is not None
+            and not here
+            and len(elsewhere) == 1
+            and scope.get(HANDED_IN_SCOPE_KEY) is None  # moved once for this request already
+        ):
+            # One holder for the whole batch: its next batches land right too.
+            ((holder, group),) = elsewhere.items()
+            assert group[0].session_id is not None
+            if await self.handoff.hand_over(holder, group[0].session_id, scope, body):
+                return True
         forwards = [
             asyncio.ensure_future(self._forward(holder, group, scope))
             for holder, group in elsewhere.items()
@@ -268,6 +295,7 @@ class StepBatchRoute:
         finally:
             if forwards:
                 await asyncio.gather(*forwards)
+        return False
 
     async def _holder(self, entry: _Entry) -> str | None:
         assert entry.session_id is not None
@@ -314,8 +342,15 @@ class StepBatchRoute:
         result["worker"] = worker
         return result
 
-    async def _forward(self, holder: str, group: list[_Entry], scope: Scope) -> None:
-        """One sub-batch to ``holder`` over the private hop; its results go to ``group``."""
+    async def _forward(
+        self, holder: str, group: list[_Entry], scope: Scope, *, restorable: bool = True
+    ) -> None:
+        """One sub-batch to ``holder`` over the private hop; its results go to ``group``.
+
+        A holder that refused the hop and has exited is taken over, entry by
+        entry, as each entry's own ``/step`` would take it over (``restorable``:
+        not for a takeover's winner, whose death is a 410).
+        """
         assert self.forwarder is not None
         sub_body = json.dumps({"entries": [entry.raw for entry in group]}).encode()
         status = 0
@@ -337,8 +372,16 @@ class StepBatchRoute:
             if len(results) != len(group):
                 raise InternalServerError(f"worker {holder} answered a sub-batch of another size")
         except HTTPError as error:
+            if (
+                isinstance(error, HolderRefusedError)
+                and restorable
+                and self.snapshots is not None
+                and await self.snapshots.may_take_over(holder)
+            ):
+                await self._take_over(holder, group, scope)
+                return
             if isinstance(error, SessionGoneError):
-                error = SessionGoneError(f"the worker that holds this session ({holder}) is gone")
+                error = holder_gone(holder)
             for entry in group:
                 entry.result = _error_result(error, holder)
             return
@@ -351,3 +394,43 @@ class StepBatchRoute:
             return
         for entry, result in zip(group, results, strict=True):
             entry.result = result
+
+    async def _take_over(self, dead_holder: str, group: list[_Entry], scope: Scope) -> None:
+        """Restore ``group``'s durable sessions from ``dead_holder``, which is gone, and step them.
+
+        Each entry's session goes where `SessionSnapshots.take_over` says, as
+        its ``/step`` would: served here once restored, sent on to the worker
+        that won its takeover, or 410 when it cannot be restored.
+        """
+        assert self.snapshots is not None
+        snapshots = self.snapshots
+
+        async def server_of(entry: _Entry) -> str | None:
+            assert entry.session_id is not None
+            try:
+                return await snapshots.take_over(entry.session_id, dead_holder)
+            except HTTPError as error:  # the claim store cannot tell (503)
+                entry.result = _error_result(error, None)
+                return None
+
+        servers = await asyncio.gather(*(server_of(entry) for entry in group))
+        here: list[_Entry] = []
+        winners: dict[str, list[_Entry]] = {}
+        for entry, server in zip(group, servers, strict=True):
+            if entry.result is not None:
+                continue
+            if server == self.claims.worker_id:
+                here.append(entry)
+            elif server is None:
+                entry.result = _error_result(holder_gone(dead_holder), dead_holder)
+            else:
+                winners.setdefault(server, []).append(entry)
+
+        async def serve_here() -> None:
+            for entry in here:
+                entry.result = await self._serve_here(entry)
+
+        await asyncio.gather(
+            serve_here(),
+            *(self._forward(w, entries, scope, restorable=False) for w, entries in winners.items()),
+        )

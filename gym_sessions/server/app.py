@@ -295,6 +295,7 @@ class WorkerApp:
                 forwarder=self.forwarder,
                 snapshots=self.snapshots,
                 record_step=lambda seconds: _record_step(server, seconds),
+                handoff=self.router.handoff,
             )
         # Outermost: /metrics and the request counts, around the routing rule.
         self._entry: ASGIApp = self.router

@@ -234,6 +234,34 @@ def test_a_seeded_cartpole_episode_restored_midway_matches_an_uninterrupted_run(
     assert episode(5) == uninterrupted
 
 
+def test_a_step_batch_restores_the_sessions_of_a_sigkilled_holder(serve):
+    # Each entry follows the rule of its own /step: no 410 where a /step restores.
+    server = serve(COUNTER, "--durable-sessions", workers=4)
+    (runtime_dir,) = server.runtime_dirs()
+    cookies: dict[str, str] = {}
+    for k in range(12):  # new connections: on several workers
+        sid = uuid.uuid4().hex
+        options = {"initial_count": 10 * k}
+        status, data, cookie = _post(
+            server.url, "/reset", {"resources_session_id": sid, "options": options}
+        )
+        assert status == 200, data
+        cookies[sid] = cookie.partition("=")[2]
+    entries = [{"cookie": cookie, "action": 1} for cookie in cookies.values()]
+    status, first, _ = _post(server.url, "/step_batch", {"entries": entries})
+    assert status == 200 and [r["observation"] for r in first["results"]] == [
+        10 * k + 1 for k in range(12)
+    ]
+    victim = _kill_holder_of(runtime_dir, next(iter(cookies)))
+    killed = [sid for sid in cookies if claim_owner(runtime_dir, sid) == victim]
+    status, second, _ = _post(server.url, "/step_batch", {"entries": entries})
+    assert status == 200
+    results = second["results"]
+    assert [r.get("observation") for r in results] == [10 * k + 2 for k in range(12)], results
+    assert all(claim_owner(runtime_dir, sid) not in (None, victim) for sid in killed)
+    assert victim not in {r["worker"] for r in results}
+
+
 def test_an_env_that_cannot_be_captured_still_gets_410(serve):
     server = serve("tests.e2e.uncapturable_env:LockedCounterEnv", "--durable-sessions", workers=2)
     assert "sessions cannot be captured" in server.log()  # said once, at start-up

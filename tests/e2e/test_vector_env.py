@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -92,6 +93,42 @@ def test_make_vec_steps_eight_counter_sessions(counter_url):
         assert all(workers) and len(set(envs.unwrapped.session_ids)) == 8
     finally:
         envs.close()
+
+
+def _three_counter_steps(url: str) -> list[int]:
+    envs = gym.make_vec(REMOTE, num_envs=3, url=url)
+    try:
+        envs.reset(options={"initial_count": 5})
+        for _ in range(3):
+            observations, *_ = envs.step(np.array([1, 2, 3]))
+        return observations.tolist()
+    finally:
+        envs.close()
+
+
+def test_make_vec_runs_its_loop_in_the_calling_thread(counter_url):
+    threads = threading.active_count()
+    envs = gym.make_vec(REMOTE, num_envs=3, url=counter_url)
+    try:
+        envs.reset()
+        envs.step(envs.action_space.sample())
+        assert threading.active_count() == threads  # no loop thread: no switch per step
+    finally:
+        envs.close()
+    assert envs.unwrapped._loop.loop.is_closed()
+
+
+def test_make_vec_inside_a_running_event_loop_moves_its_loop_to_a_thread(counter_url):
+    # A notebook cell runs inside the notebook's loop: the vector env cannot
+    # run its own there, so a thread of its own runs it (and stops on close).
+    threads = threading.active_count()
+
+    async def in_a_loop() -> list[int]:
+        return _three_counter_steps(counter_url)
+
+    assert asyncio.run(in_a_loop()) == [8, 11, 14]
+    assert threading.active_count() == threads
+    assert _three_counter_steps(counter_url) == [8, 11, 14]
 
 
 def test_counter_autoreset_modes_with_max_episode_steps(counter_url):

@@ -136,6 +136,46 @@ async def test_a_dead_holders_session_continues_on_the_worker_that_gets_its_next
     assert restored_total(c) == 1
 
 
+async def test_a_step_batch_restores_a_dead_holders_sessions_as_their_steps_would(durable):
+    # Each entry follows its own /step's rule: a holder that refused the hop
+    # and has exited is taken over, the session restored where the batch landed.
+    c = await durable()
+    on_dead = [new_id() for _ in range(3)]
+    cookies = {sid: await start_counter(c, 0, sid, initial=10 * k) for k, sid in enumerate(on_dead)}
+    alive = new_id()
+    cookies[alive] = await start_counter(c, 2, alive, initial=100)
+    entries = [{"cookie": cookie, "action": 1} for cookie in cookies.values()]
+    first = await c[1].request("POST", "/step_batch", {"entries": entries})
+    assert first.status == 200
+    assert [r["observation"] for r in first.json["results"]] == [1, 11, 21, 101]
+    await c[0].kill()
+    second = await c[1].request("POST", "/step_batch", {"entries": entries})
+    assert second.status == 200
+    results = second.json["results"]
+    assert [r.get("observation") for r in results] == [2, 12, 22, 102], results
+    assert [r["worker"] for r in results] == [c[1].id] * 3 + [c[2].id]
+    assert [c.claim_owner(sid) for sid in on_dead] == [c[1].id] * 3
+    assert restored_total(c) == 3
+    # Restored once: later batches from anywhere reach the new holder.
+    third = await c[2].request("POST", "/step_batch", {"entries": entries})
+    assert [r.get("observation") for r in third.json["results"]] == [3, 13, 23, 103]
+    assert restored_total(c) == 3
+
+
+async def test_a_step_batch_entry_without_a_snapshot_still_gets_410(durable):
+    c = await durable(lambda: GymEnvServer(LockedCounter, name="locked"))
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    await c[0].kill()
+    reply = await c[1].request(
+        "POST", "/step_batch", {"entries": [{"cookie": cookie, "action": 1}]}
+    )
+    assert reply.status == 200
+    (result,) = reply.json["results"]
+    assert result["status"] == 410 and result["error"]["code"] == "session_gone"
+    assert restored_total(c) == 0
+
+
 async def test_an_id_alone_never_reaches_a_restored_session(durable):
     c = await durable()
     sid = new_id()

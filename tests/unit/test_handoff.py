@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from envs.counter import CounterEnv
 from gym_sessions.routing.handoff import ACK_REFUSED, pack_message, replay_bytes
 from gym_sessions.routing.handoff_listener import HandoffListener
+from gym_sessions.server.env_server import GymEnvServer
 
 from .cluster import Cluster, new_id, wait_until
 from .probe_server import ProbeServer
@@ -60,6 +62,10 @@ class RawConnection:
 
     async def call(self, method: str, path: str, cookie: str | None = None) -> Any:
         await self.send(self.request(method, path, cookie))
+        return await self.reply()
+
+    async def call_with_body(self, method: str, path: str, body: bytes) -> Any:
+        await self.send(self.request(method, path, body=body))
         return await self.reply()
 
     async def close(self) -> None:
@@ -323,6 +329,7 @@ def test_listener_takes_nothing_from_another_uid(short_tmp):
 import asyncio, os, socket, sys
 sys.path.insert(0, {os.getcwd()!r})
 from gym_sessions.routing.handoff_listener import HandoffListener
+from gym_sessions.server.env_server import GymEnvServer
 
 async def main():
     path = {os.path.join(short_tmp, "h.fds")!r}
@@ -369,3 +376,54 @@ async def test_an_untested_uvicorn_turns_handoff_off(handoff_cluster, monkeypatc
     reply = await c[1].request("POST", "/touch", cookie=cookie)
     assert reply.status == 200 and reply.headers["x-gym-forwarded-by"] == c[1].id
     assert (await _deliveries(c, 1))["hop_reasons"] == {"protocol": 1}
+
+
+def _counter_server() -> GymEnvServer:
+    return GymEnvServer(CounterEnv, name="counter")
+
+
+async def _start_counters(c: Cluster, index: int, count: int) -> list[str]:
+    cookies = []
+    for k in range(count):
+        body = {"resources_session_id": new_id(), "options": {"initial_count": 10 * k}}
+        start = await c[index].request("POST", "/reset", body)
+        assert start.status == 200 and start.cookie is not None
+        cookies.append(start.cookie)
+    return cookies
+
+
+async def _batch(connection: RawConnection, cookies: list[str]) -> list[dict[str, Any]]:
+    entries = [{"cookie": cookie, "action": 1} for cookie in cookies]
+    body = json.dumps({"entries": entries}).encode()
+    status, _, reply = await connection.call_with_body("POST", "/step_batch", body)
+    assert status == 200, reply
+    return reply["results"]
+
+
+async def test_a_step_batch_held_by_one_other_worker_moves_its_connection_there(start_clusters):
+    c = await start_clusters(_counter_server, 2, handoff=True)
+    cookies = await _start_counters(c, 0, 3)
+    connection = await RawConnection.to(c[1].public_path)
+    try:
+        for step in (1, 2, 3):
+            results = await _batch(connection, cookies)
+            assert [r["observation"] for r in results] == [step, 10 + step, 20 + step]
+            assert {r["worker"] for r in results} == {c[0].id}
+    finally:
+        await connection.close()
+    # Moved with the first batch; the next two were served where it now is.
+    assert await _deliveries(c, 1) == {"handed_over": 1, "hopped": 0, "hop_reasons": {}}
+
+
+async def test_a_step_batch_of_several_holders_stays_and_hops_its_sub_batches(start_clusters):
+    c = await start_clusters(_counter_server, 3, handoff=True)
+    cookies = (await _start_counters(c, 0, 2)) + (await _start_counters(c, 2, 1))
+    connection = await RawConnection.to(c[1].public_path)
+    try:
+        for step in (1, 2):
+            results = await _batch(connection, cookies)
+            assert [r["observation"] for r in results] == [step, 10 + step, step]
+            assert [r["worker"] for r in results] == [c[0].id, c[0].id, c[2].id]
+    finally:
+        await connection.close()
+    assert (await _deliveries(c, 1))["handed_over"] == 0
