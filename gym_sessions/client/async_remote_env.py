@@ -22,6 +22,7 @@ from gym_sessions.client.protocol import (
     RemoteEnvProtocol,
 )
 from gym_sessions.errors import (
+    BadGatewayError,
     ConnectionLostError,
     InternalServerError,
     SessionGoneError,
@@ -202,7 +203,12 @@ class AsyncRemoteEnv:
         cookie = self._http.cookie
         if cookie is None:
             return None
-        return {"cookie": cookie, "action": value_to_json(self.action_space, action)}
+        return {
+            "cookie": cookie,
+            "action": value_to_json(self.action_space, action),
+            # As a /step's x-gym-episode-length: a late first send never runs twice.
+            "episode_length": self.protocol.episode_length,
+        }
 
     async def send_batch(self, path: str, entries: list[dict[str, Any]]) -> list[Any]:
         """Send a step batch over this env's connection; returns its per-entry results."""
@@ -227,9 +233,13 @@ class AsyncRemoteEnv:
         return self.protocol.step_result(result)
 
     async def recover_lost_step(
-        self, action: Any, lost: ConnectionLostError
+        self, action: Any, lost: ConnectionLostError | BadGatewayError
     ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        """This session's step after its batch's reply was lost, as a lost ``/step`` recovers."""
+        """This session's step after its batch's reply (or its entry's hop) was lost.
+
+        As a lost ``/step`` recovers (`StepRecovery`): ``/observe``, then the
+        resend at the step's episode length, or "it ran".
+        """
         protocol = self.protocol
         recovery = protocol.step_recovery(action)
         recovery.failed(lost)  # asks /observe next: did the step run?

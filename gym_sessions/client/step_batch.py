@@ -11,10 +11,13 @@ entry held elsewhere to its holder itself: `gym_sessions.routing.step_batch`).
 Every rule of a single step holds for each entry:
 
 - its result raises what its ``/step`` would (`error_from_body`, by code);
+- each entry carries its episode length, as a ``/step`` does
+  (``x-gym-episode-length``): the server runs it at that length only;
 - a batch whose reply was lost (the connection broke) is not resent: each of
   its sub-envs recovers as a lost ``/step`` does (`StepRecovery`, over its own
   connection): ``/observe`` tells whether its step ran, then it is sent alone
-  again or `ConnectionLostError` says it ran;
+  again or `ConnectionLostError` says it ran; so does an entry whose result is
+  a 502 (its holder died with the entry sent to it);
 - a timeout or another error of the whole batch is every entry's error;
 - a sub-env without a session cookie yet (a reply that set none) steps alone.
 """
@@ -26,7 +29,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
-from gym_sessions.errors import ConnectionLostError, GymSessionsError, InternalServerError
+from gym_sessions.errors import (
+    BadGatewayError,
+    ConnectionLostError,
+    GymSessionsError,
+    InternalServerError,
+)
 
 __all__ = ["StepBatch"]
 
@@ -104,14 +112,21 @@ class StepBatch:
             for i, _ in chunk:
                 results[i] = error
             return
+        recover: list[tuple[int, BadGatewayError]] = []
         for (i, _), reply in zip(chunk, replies, strict=True):
             try:
                 results[i] = self.envs[i].batch_result(reply)
+            except BadGatewayError as broken:  # its holder died with the entry sent: may have run
+                recover.append((i, broken))
             except GymSessionsError as error:
                 results[i] = error
+        await asyncio.gather(*(self._recover(i, broken, results) for i, broken in recover))
 
     async def _recover(
-        self, i: int, lost: ConnectionLostError, results: dict[int, StepResult | BaseException]
+        self,
+        i: int,
+        lost: ConnectionLostError | BadGatewayError,
+        results: dict[int, StepResult | BaseException],
     ) -> None:
         try:
             results[i] = await self.envs[i].recover_lost_step(self.actions[i], lost)

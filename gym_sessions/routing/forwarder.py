@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from starlette.types import Scope, Send
 
-from gym_sessions.errors import SessionGoneError
+from gym_sessions.errors import BadGatewayError, HTTPError, SessionGoneError
 
 if TYPE_CHECKING:
     from gym_sessions.routing.forward_signature import ForwardSigner
@@ -45,6 +45,7 @@ __all__ = [
     "forwarded_headers",
     "holder_gone",
     "holder_refused",
+    "hop_error",
     "hop_marks",
     "make_forwarder",
     "received_mark",
@@ -143,6 +144,22 @@ class HolderRefusedError(SessionGoneError):
 def holder_gone(worker_id: str) -> SessionGoneError:
     """The error for a session whose worker has exited."""
     return SessionGoneError(f"the worker that holds this session ({worker_id}) is gone")
+
+
+def hop_error(error: HTTPError, worker_id: str, *, durable: bool) -> HTTPError:
+    """What a client gets for a hop to ``worker_id`` that failed with ``error``.
+
+    With durable sessions a holder that died with the request sent to it (it
+    may have run there) is a 502, not a 410: the session is not gone, its next
+    request restores it. (One that refused the connection is taken over at
+    once instead: `HolderRefusedError`, never passed here.)
+    """
+    if durable and type(error) is SessionGoneError:
+        return BadGatewayError(
+            f"the worker that held this session ({worker_id}) exited while serving this"
+            " request, which may have run; the session's next request restores it"
+        )
+    return error
 
 
 def holder_refused(worker_id: str) -> HolderRefusedError:

@@ -42,7 +42,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gym_sessions import strict_json
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
-    BadGatewayError,
     BodyTooLargeError,
     CapacityReachedError,
     ForbiddenError,
@@ -69,6 +68,7 @@ from gym_sessions.routing.forwarder import (
     Forwarder,
     HolderRefusedError,
     holder_gone,
+    hop_error,
     received_mark,
 )
 from gym_sessions.routing.handoff import HANDED_IN_SCOPE_KEY, Handoff, HandoffCounts
@@ -764,13 +764,7 @@ class SessionRouter:
                 return False
             await self._send_error(scope, reply_send, error)
         except HTTPError as error:
-            if self.snapshots is not None and type(error) is SessionGoneError:
-                # It died with the request sent, which may have run there. Its
-                # durable session is not gone: the next request restores it.
-                error = BadGatewayError(
-                    f"the worker that held this session ({holder}) exited while serving this"
-                    " request, which may have run; the session's next request restores it"
-                )
+            error = hop_error(error, holder, durable=self.snapshots is not None)
             await self._send_error(scope, reply_send, error)
         return True
 

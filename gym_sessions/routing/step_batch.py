@@ -68,7 +68,7 @@ from gym_sessions.errors import (
     SessionGoneError,
     error_from_body,
 )
-from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone
+from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone, hop_error
 from gym_sessions.routing.handoff import HANDED_IN_SCOPE_KEY, Handoff
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.request_session import RequestSession
@@ -99,8 +99,13 @@ _ENTRY_PATH = "/step"
 class BatchSteps(Protocol):
     """What a server that offers batches does for one entry (`GymEnvServer` implements it)."""
 
-    async def step_session(self, session_id: str, action: Any) -> dict[str, Any]:
-        """Step ``session_id`` (held and admitted here) as ``/step`` would; its reply fields."""
+    async def step_session(
+        self, session_id: str, action: Any, at_length: int | None = None
+    ) -> dict[str, Any]:
+        """Step ``session_id`` (held and admitted here) as ``/step`` would; its reply fields.
+
+        ``at_length``: the entry's ``episode_length``, as ``/step``'s ``x-gym-episode-length``.
+        """
 
     def refuse_if_closed(self, session_id: str) -> None:
         """Raise the error a tool call of a closed ``session_id`` gets (409/410)."""
@@ -148,12 +153,18 @@ def _parse(body: bytes) -> list[dict[str, Any]]:
     for i, entry in enumerate(entries):
         if (
             not isinstance(entry, dict)
-            or set(entry) != {"cookie", "action"}
+            or set(entry) - {"episode_length"} != {"cookie", "action"}
             or not isinstance(entry["cookie"], str)
             or not entry["cookie"]
         ):
             raise InvalidRequestError(
                 f'entries[{i}] must be an object {{"cookie": "<session cookie>", "action": ...}}'
+                ' (and "episode_length": n, optional)'
+            )
+        length = entry.get("episode_length")
+        if length is not None and (type(length) is not int or length < 0):
+            raise InvalidRequestError(
+                f"entries[{i}].episode_length must be the episode's length, a non-negative integer"
             )
     return entries
 
@@ -325,7 +336,9 @@ class StepBatchRoute:
                 self.access.admit(routed, claims.incarnation(sid))
                 started = time.perf_counter()
                 try:
-                    result = await self.steps.step_session(sid, entry.raw["action"])
+                    result = await self.steps.step_session(
+                        sid, entry.raw["action"], entry.raw.get("episode_length")
+                    )
                 finally:
                     if self.record_step is not None:
                         self.record_step(time.perf_counter() - started)
@@ -364,7 +377,13 @@ class StepBatchRoute:
                 chunks.append(message.get("body", b""))
 
         try:
-            await self.forwarder.forward(holder, scope, sub_body, capture)
+            try:
+                await self.forwarder.forward(holder, scope, sub_body, capture)
+            except HTTPError as error:  # the hop's own failure, not the holder's reply
+                reported = hop_error(error, holder, durable=self.snapshots is not None)
+                if reported is error:
+                    raise
+                raise reported from error
             reply = b"".join(chunks)
             if status != 200:
                 raise error_from_body(status, reply)

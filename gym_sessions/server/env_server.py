@@ -339,10 +339,12 @@ class GymEnvServer(ResourcesServer):
     def batch_steps(self) -> BatchSteps:
         return self
 
-    async def step_session(self, session_id: str, action: Any) -> dict[str, Any]:
+    async def step_session(
+        self, session_id: str, action: Any, at_length: int | None = None
+    ) -> dict[str, Any]:
         """A ``/step_batch`` entry: ``/step`` of ``session_id``, closed sessions refused first."""
         self.refuse_if_closed(session_id)
-        return self._step_served(session_id, action)
+        return self._step_served(session_id, action, at_length)
 
     def _step_served(
         self, sid: str, encoded_action: Any, at_length: int | None = None

@@ -216,6 +216,26 @@ def test_entries_that_fail_their_check_change_nothing_and_the_others_step(counte
     assert [r["observation"] for r in again] == [1, -1]
 
 
+def test_an_entry_runs_only_at_the_episode_length_it_was_sent_at(counter_url):
+    # As /step's x-gym-episode-length: a late first send after its resend changes nothing.
+    (_, a), (_, b) = start(counter_url), start(counter_url)
+    first = batch(
+        counter_url,
+        [{"cookie": a, "action": 2, "episode_length": 0}, {"cookie": b, "action": 3}],
+    )
+    assert [r["observation"] for r in first] == [2, 3]
+    again = batch(
+        counter_url,
+        [
+            {"cookie": a, "action": 2, "episode_length": 0},
+            {"cookie": b, "action": 1, "episode_length": 1},
+        ],
+    )
+    assert (again[0]["status"], again[0]["error"]["code"]) == (409, "step_out_of_order")
+    assert again[1]["observation"] == 4
+    assert episode_length(counter_url, a) == 1 and episode_length(counter_url, b) == 2
+
+
 def test_a_session_named_twice_is_refused_whole(counter_url):
     _, cookie = start(counter_url)
     status, reply = call(
@@ -276,6 +296,14 @@ BAD_BODIES = [
     (b'{"entries": [{"cookie": "", "action": 1}]}', 400, "invalid_request"),
     (b'{"entries": [{"cookie": "c", "action": 1, "x": 1}]}', 400, "invalid_request"),
     (b'{"entries": [{"cookie": "c", "action": 1}], "more": 1}', 400, "invalid_request"),
+    *[
+        (
+            b'{"entries": [{"cookie": "c", "action": 1, "episode_length": %s}]}' % n,
+            400,
+            "invalid_request",
+        )
+        for n in (b"-1", b"1.0", b"true", b'"1"', b"1e3")
+    ],
 ]
 
 
