@@ -73,8 +73,8 @@ SIGNATURE_HEADER = b"x-gym-forward-signature"
 # (the router sets them in the scope under `HOP_MARKS_KEY`; they travel after
 # the request's own headers and, on TCP, under the signature). A client's own
 # header of such a name never passes a hop, so only a peer worker sets one.
-#: ``<mark>``: a start placed here by balanced placement; refuse it (no-room
-#: mark) if this worker holds more than ``<mark>`` + 2 (`Placement.targets`).
+#: ``<load>``: a start placed here because the sender saw this worker at
+#: ``<load>`` sessions; refuse it (no-room mark) if this worker holds clearly more.
 PLACED_MARK = b"x-gym-hop-placed"
 #: ``1``: sent on a cached holder lookup; refuse (`NOT_HELD_HEADER`) unless this
 #: worker holds the session, never claim or serve it.

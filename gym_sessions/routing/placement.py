@@ -30,8 +30,7 @@ Herding: in a burst every acceptor would send to the same stale minimum. A
 `Placement` therefore counts the starts it is delivering right now on top of
 what each target published (`Placement.sending`) until the target's own count
 includes them, breaks ties between other workers at random, and prefers
-itself on a tie (no hop); and the target refuses a placed start once it holds
-more than the next option would (`refuses_placed`, `Placement.targets`).
+itself on a tie (no hop).
 """
 
 from __future__ import annotations
@@ -332,18 +331,18 @@ def _decode(value: Any) -> tuple[int, bool]:
     return int(sessions), flags == "1"
 
 
-def refuses_placed(claims: OwnedClaims, mark: bytes | None) -> bool:
-    """Whether a start placed here (its `PLACED_MARK` value ``mark``) should go elsewhere.
+def refuses_placed(claims: OwnedClaims, believed: bytes | None) -> bool:
+    """Whether a start placed here (its `PLACED_MARK` value ``believed``) should go elsewhere.
 
-    The sender chose this worker believing it held at most ``mark`` sessions
-    (`Placement.targets`); when it holds more than `PLACED_SLACK` beyond that,
-    the sender's view was stale (many acceptors sent here at once): refuse,
-    and the sender ranks afresh (`PLACEMENT_ROUNDS`) or starts the session
-    itself. So a burst cannot pile onto one worker however late the loads are.
+    The sender chose this worker believing it held ``believed`` sessions; when
+    it holds more than `PLACED_SLACK` beyond that, the sender's view was stale
+    (many acceptors sent here at once): refuse, and the sender ranks afresh
+    (`PLACEMENT_ROUNDS`) or starts the session itself. So a burst cannot pile
+    onto one worker however late the loads are.
     """
-    if mark is None or not mark.isdigit() or len(mark) > 9:
+    if believed is None or not believed.isdigit() or len(believed) > 9:
         return False  # not a placed start (or a mark this code never writes)
-    return claims.load > int(mark) + PLACED_SLACK
+    return claims.load > int(believed) + PLACED_SLACK
 
 
 class Placement:
@@ -380,17 +379,11 @@ class Placement:
     async def targets(self) -> list[tuple[str, int]]:
         """Other workers to offer a new session's start to, best first; ``[]``: start it here.
 
-        Each with its mark (the hop's `PLACED_MARK`: the target refuses when
-        it holds more than the mark plus `PLACED_SLACK`, `refuses_placed`):
-        the sessions this worker believes it holds, or, if higher, those of
-        the next option (the next worker ranked, else this one) less the
-        slack. So a target that many senders chose at once takes starts until
-        it holds as many as the worker they would go to next, not only two
-        beyond the stale count they all saw (with that rule the emptiest
-        worker of a 400-start burst refused most of them and ended lowest).
-        Only workers that take new sessions and hold fewer than this worker
-        does (all of them when this one takes none: draining or full). A
-        board that cannot be read places nothing (the start stays here).
+        Each with the sessions this worker believes it holds (the hop's
+        `PLACED_MARK`: the target refuses when it holds clearly more,
+        `refuses_placed`). Only workers that take new sessions and hold fewer
+        than this worker does (all of them when this one takes none: draining
+        or full). A board that cannot be read places nothing (the start stays here).
         """
         try:
             loads = await self.board.read()
@@ -402,20 +395,12 @@ class Placement:
         here = claims.accepting_sessions and not claims.full
         mine = claims.load
         self._last = {worker: load.sessions for worker, load in loads.items()}
-        ranked = [
-            (sessions, worker)
-            for sessions, _, worker in sorted(
-                (self._estimate(worker, load.sessions), self._rng.random(), worker)
-                for worker, load in loads.items()
-                if load.accepting
-            )
-            if not here or sessions < mine
-        ]
-        nexts = [sessions for sessions, _ in ranked[1:]] + ([mine] if here else [])
-        return [
-            (worker, max(sessions, nexts[i] - PLACED_SLACK) if i < len(nexts) else sessions)
-            for i, (sessions, worker) in enumerate(ranked)
-        ]
+        ranked = sorted(
+            (self._estimate(worker, load.sessions), self._rng.random(), worker)
+            for worker, load in loads.items()
+            if load.accepting
+        )
+        return [(worker, sessions) for sessions, _, worker in ranked if not here or sessions < mine]
 
     @contextlib.contextmanager
     def sending(self, worker_id: str) -> Iterator[None]:

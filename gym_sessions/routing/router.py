@@ -593,9 +593,9 @@ class SessionRouter:
             ranked = [t for t in await placement.targets() if t[0] not in refused]
             if not ranked:
                 return False
-            target, mark = ranked[0]
+            target, believed = ranked[0]
             refused.add(target)
-            scope[HOP_MARKS_KEY] = [(PLACED_MARK, str(mark).encode())]
+            scope[HOP_MARKS_KEY] = [(PLACED_MARK, str(believed).encode())]
             try:
                 with placement.sending(target):
                     if await self._offer_start(target, scope, body, watch, send):

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from gym_sessions.routing.placement import FileLoadBoard, Placement, WorkerLoad
+from gym_sessions.routing.placement import FileLoadBoard, WorkerLoad
 from gym_sessions.wire import START_BESIDE_HEADER
 
 from .cluster import Cluster, dead_worker_id, new_id
@@ -66,35 +66,6 @@ def test_a_file_board_shows_each_worker_its_peers_records(short_tmp):
     assert a.read_now() == {}
     asyncio.run(a.close())
     asyncio.run(dead.close())
-
-
-async def test_a_placed_starts_mark_lets_its_target_fill_up_to_the_next_option(
-    start_clusters, short_tmp
-):
-    # The mark is what the target may hold less the slack before it refuses:
-    # the sender's count of it, or the next option's less the slack if higher
-    # (the next worker ranked, else the sender itself; nothing next: its count).
-    c = await start_clusters(ProbeServer, 2, placement="local")
-    for _ in range(12):
-        assert (await _start(c[0])).status == 200
-    claims = c[0].app.claims
-    assert claims.load == 12
-    directory = os.path.join(short_tmp, "marks")
-    peers = [f"{os.getpid()}-{os.urandom(4).hex()}" for _ in range(3)]
-    boards = [FileLoadBoard(directory, peer) for peer in peers]
-    loads = [(3, True), (8, True), (1, False)]  # the last one drains
-    for board, (sessions, accepting) in zip(boards, loads, strict=True):
-        board.publish(sessions, accepting)
-    placement = Placement(claims, FileLoadBoard(directory, c[0].id))
-    try:
-        assert await placement.targets() == [(peers[0], 6), (peers[1], 10)]
-        claims.accepting_sessions = False  # draining: every peer that takes sessions
-        assert await placement.targets() == [(peers[0], 6), (peers[1], 8)]
-    finally:
-        claims.accepting_sessions = True
-        await placement.close()
-        for board in boards:
-            await board.close()
 
 
 async def test_starts_accepted_by_one_worker_spread_evenly(cluster):
