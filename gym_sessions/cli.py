@@ -329,9 +329,9 @@ def _parser() -> argparse.ArgumentParser:
     limits.add_argument(
         "--placement",
         choices=("balanced", "local"),
-        default="local",
-        help="where a new session starts: local (default), the worker that accepted the start; "
-        "balanced, the worker with the fewest open sessions",
+        default="balanced",
+        help="where a new session starts: balanced (default), the worker with the fewest open "
+        "sessions; local, the worker that accepted the start",
     )
     limits.add_argument(
         "--session-idle-timeout",

@@ -100,10 +100,10 @@ class Settings:
         max_sessions: Live sessions each worker may hold (0: no limit). A start
             that lands on a full worker is placed on a worker with room; 503
             ``capacity_reached`` only when every worker is full.
-        placement: Where a new session starts: ``"local"`` (the worker that
-            accepted the start) or ``"balanced"`` (the worker with the fewest
-            open sessions, reached over the hop). Only with routing (several
-            workers, or Redis claims).
+        placement: Where a new session starts: ``"balanced"`` (the default:
+            the worker with the fewest open sessions, reached over the hop) or
+            ``"local"`` (the worker that accepted the start). Only with routing
+            (several workers, or Redis claims).
         session_idle_timeout: Seconds an open session may go without a request
             before the server closes it (0: never); its next request gets 410
             ``session_expired``.
@@ -158,7 +158,7 @@ class Settings:
     timeout_keep_alive: float = 120.0
     debug_worker_header: bool = False
     max_sessions: int = 0
-    placement: str = "local"
+    placement: str = "balanced"
     session_idle_timeout: float = 3600.0
     trust_session_ids: bool = False
     unsandboxed: bool = False

@@ -544,10 +544,14 @@ class SessionRouter:
     ) -> None:
         """This worker is full: hand the start to the session's holder or a worker with room.
 
-        Each other worker is asked in turn (random order, so full workers do
-        not all hand to the same one); one that is full too answers with
+        Each other worker is asked in turn; one that is full too answers with
         `NO_ROOM_HEADER`, which never reaches the client. 503 only when every
-        worker is full.
+        worker is full. With balanced placement the load board's order comes
+        first (fewest sessions, counting the starts this worker is handing
+        there, among those that take sessions; no balance mark: only a full or
+        draining worker refuses), then the other workers, whose records may
+        be stale; else a random order, so full workers do not all hand to the
+        same one.
         """
         sid = routed.session_id
         if routed.source is not IdSource.MINTED:
@@ -559,9 +563,17 @@ class SessionRouter:
                 return
         candidates = [w for w in await self.worker_ids() if w != self.claims.worker_id]
         random.shuffle(candidates)
-        for candidate in candidates:
-            if await self._offer_start(candidate, scope, body, watch, send):
-                return
+        placement = self.placement
+        if placement is None:
+            for candidate in candidates:
+                if await self._offer_start(candidate, scope, body, watch, send):
+                    return
+            raise _no_room()
+        ranked = [worker for worker, _ in await placement.targets()]
+        for candidate in ranked + [w for w in candidates if w not in ranked]:
+            with placement.sending(candidate):
+                if await self._offer_start(candidate, scope, body, watch, send):
+                    return
         raise _no_room()
 
     async def _placed_elsewhere(

@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +165,40 @@ class _WorkerProcess(Process):
         if self._server is None:
             self._server = DrainableServer(config=self.config)
         return self._server
+
+    def wait_until_ready(self, timeout: float, should_exit: threading.Event | None = None) -> bool:
+        """Whether the worker serves within ``timeout`` s; False as soon as it exits or we stop.
+
+        uvicorn's reads one health-check answer per ping, oldest first. A spawned
+        worker answers only once it has imported our modules (about 0.7 s of CPU,
+        seconds on a loaded machine) and one ping a second waits meanwhile; it
+        then answers them all "not started", and each later check read an answer
+        that many pings old (0.1 s apart), so a reload could kill new workers
+        that had started in time. Here each check goes by the newest answer.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if should_exit is not None and should_exit.is_set():
+                return False
+            if not self.process.is_alive():
+                return False
+            if self._newest_answer(1.0):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _newest_answer(self, timeout: float) -> bool:
+        """Ping; whether the newest answer waiting (within ``timeout`` s) says it started."""
+        try:
+            self.parent_conn.send(b"ping")
+            if not self.parent_conn.poll(timeout):
+                return False
+            started = self.parent_conn.recv()
+            while self.parent_conn.poll(0):
+                started = self.parent_conn.recv()
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return False
+        return started is True
 
 
 @dataclass

@@ -6,6 +6,7 @@ Each attack runs beside an honest counter episode that must still score 1.0.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import socket
 import threading
@@ -212,11 +213,11 @@ def test_large_bodies_on_a_kept_alive_connection_are_not_taken_for_heads(server)
 
 @pytest.mark.parametrize("pooled", [False, True], ids=["new-connections", "pooled"])
 def test_a_burst_of_starts_is_balanced_over_the_workers(serve, pooled):
-    # Without balanced placement the kernel hands most of a burst's connections
-    # to one or two workers (benchmarks/placement.py: [0, 6, 188, 206] seen);
-    # every worker must get a real share now.
+    # Without balanced placement (the default) the kernel hands most of a
+    # burst's connections to one or two workers (benchmarks/placement.py:
+    # [0, 6, 188, 206] seen); every worker must get a real share now.
     starts = 200
-    balanced = serve(COUNTER, "--placement", "balanced", "--debug-worker-header", workers=4)
+    balanced = serve(COUNTER, "--debug-worker-header", workers=4)
 
     async def main():
         async with client_session(fresh_connections=not pooled, limit=16) as client:
@@ -236,3 +237,39 @@ def test_a_burst_of_starts_is_balanced_over_the_workers(serve, pooled):
     assert len(healths) == 4 and sum(placed.values()) == starts
     assert {w: h["open_sessions"] for w, h in healths.items()} == dict(placed)
     assert min(placed.values()) >= starts // 16, placed  # a quarter of a fair share at least
+
+
+def test_local_placement_opens_each_session_on_the_worker_its_connection_reached(serve):
+    # --placement local: a start opens its session where it arrived, never placed.
+    server = serve(COUNTER, "--placement", "local", "--debug-worker-header", workers=4)
+    body = b'{"options": {"initial_count": 0}}'
+    reset = b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    for _ in range(4):
+        with socket.create_connection(("127.0.0.1", _port(server.url)), timeout=30) as sock:
+            accepted = _exchange(sock, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            worker = json.loads(accepted.split(b"\r\n\r\n", 1)[1])["worker"]
+            for _ in range(5):
+                reply = _exchange(sock, reset)
+                assert reply.startswith(b"HTTP/1.1 200 "), reply[:300]
+                assert f"x-gym-worker: {worker}\r\n".encode() in reply.lower(), reply[:300]
+
+
+def _exchange(sock: socket.socket, request: bytes) -> bytes:
+    """One request and its whole reply (JSON bodies with a content-length) on ``sock``."""
+    sock.sendall(request)
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = sock.recv(65536)
+        assert chunk, reply
+        reply += chunk
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    length = int(
+        next(
+            line for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")
+        ).split(b":")[1]
+    )
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, reply
+        rest += chunk
+    return head + b"\r\n\r\n" + rest

@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 from gym_sessions.routing.placement import FileLoadBoard, WorkerLoad
+from gym_sessions.wire import START_BESIDE_HEADER
 
 from .cluster import Cluster, dead_worker_id, new_id, seed_start
 from .probe_server import ProbeServer
@@ -139,6 +140,28 @@ async def test_a_chosen_worker_that_refuses_passes_the_start_on(cluster):
     assert sorted(c.live_sessions()) == [1, 1, 1]
     refused = await seed_start(c[0])
     assert refused.status == 503 and refused.json["error"]["code"] == "capacity_reached"
+
+
+async def test_a_full_worker_hands_a_start_on_to_the_least_loaded_worker(cluster):
+    # A start asking to open beside a session of its full acceptor is handed
+    # on by the load records (fewest sessions first), not in random order.
+    c = await cluster(3, max_sessions=2)
+    leader = await _start(c[0])
+    assert leader.status == 200 and leader.json["worker"] == c[0].id  # a tie stays
+    beside = {START_BESIDE_HEADER: leader.cookie or ""}
+
+    async def start_beside():
+        body = {"resources_session_id": new_id()}
+        return await c[0].request("POST", "/seed_session", body, headers=beside)
+
+    assert (await start_beside()).json["worker"] == c[0].id  # room beside it: now full
+    assert (await _start(c[1])).json["worker"] == c[1].id  # a tie stays
+    assert _live(c) == [2, 1, 0]
+    if c.settings.redis_claims:
+        await asyncio.sleep(0.1)  # the loads reach Redis
+    handed = await start_beside()
+    assert handed.status == 200 and handed.json["worker"] == c[2].id
+    assert _live(c) == [2, 1, 1]
 
 
 async def test_a_gone_worker_loses_no_start(cluster):
