@@ -146,7 +146,7 @@ async def test_a_full_worker_hands_a_start_on_to_the_least_loaded_worker(cluster
     # A start asking to open beside a session of its full acceptor is handed
     # on by the load records (fewest sessions first), not in random order.
     c = await cluster(3, max_sessions=2)
-    leader = await _start(c[0])
+    leader = await seed_start(c[0])
     assert leader.status == 200 and leader.json["worker"] == c[0].id  # a tie stays
     beside = {START_BESIDE_HEADER: leader.cookie or ""}
 
@@ -155,13 +155,13 @@ async def test_a_full_worker_hands_a_start_on_to_the_least_loaded_worker(cluster
         return await c[0].request("POST", "/seed_session", body, headers=beside)
 
     assert (await start_beside()).json["worker"] == c[0].id  # room beside it: now full
-    assert (await _start(c[1])).json["worker"] == c[1].id  # a tie stays
-    assert _live(c) == [2, 1, 0]
+    assert (await seed_start(c[1])).json["worker"] == c[1].id  # a tie stays
+    assert c.live_sessions() == [2, 1, 0]
     if c.settings.redis_claims:
         await asyncio.sleep(0.1)  # the loads reach Redis
     handed = await start_beside()
     assert handed.status == 200 and handed.json["worker"] == c[2].id
-    assert _live(c) == [2, 1, 1]
+    assert c.live_sessions() == [2, 1, 1]
 
 
 async def test_a_gone_worker_loses_no_start(cluster):
