@@ -8,6 +8,7 @@ and failure by failure, as the shells drive them over sockets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import gymnasium as gym
@@ -379,6 +380,35 @@ def test_a_resend_refused_as_out_of_order_says_the_first_send_ran():
     with pytest.raises(ConnectionLostError, match="the step ran on the server") as raised:
         recovery.failed(late)
     assert raised.value.__cause__ is late
+
+
+def _ran_after(finish) -> int:
+    """How often ``on_ran`` was called when ``finish`` ends a lost step's recovery."""
+    calls: list[int] = []
+    recovery = StepRecovery(STEP, episode_length=4, on_ran=lambda: calls.append(1))
+    recovery.failed(LOST)
+    ran = ConnectionLostError  # raised when it ran; an answered resend raises nothing
+    with contextlib.suppress(ran):
+        finish(recovery)
+    return len(calls)
+
+
+def _resend_out_of_order(recovery: StepRecovery) -> None:
+    recovery.replied(observed(4))
+    recovery.failed(StepOutOfOrderError("the first send ran"))
+
+
+def _resend_answered(recovery: StepRecovery) -> None:
+    recovery.replied(observed(4))
+    recovery.replied(ok({"reward": 1}))
+
+
+def test_a_step_found_to_have_run_moves_the_callers_count_on_once():
+    # Its next step is sent at the length the server has, or it would be refused.
+    assert _ran_after(lambda r: r.replied(observed(5))) == 1
+    assert _ran_after(lambda r: r.failed(NoOpenEpisodeError("the episode has ended"))) == 1
+    assert _ran_after(_resend_out_of_order) == 1
+    assert _ran_after(_resend_answered) == 0  # the caller counts the reply itself
 
 
 def test_a_step_request_carries_the_episode_length_it_is_sent_at():

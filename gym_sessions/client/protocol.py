@@ -239,7 +239,14 @@ class RemoteEnvProtocol:
     def step_recovery(self, action: Any) -> StepRecovery:
         """The requests of a step of ``action``, a lost reply included."""
         encoded = value_to_json(self.description.action_space, action)
-        return StepRecovery(step_request(encoded, self.episode_length), self.episode_length)
+        return StepRecovery(
+            step_request(encoded, self.episode_length), self.episode_length, self._step_ran
+        )
+
+    def _step_ran(self) -> None:
+        # A step that ran with its reply lost still counts: the next one is sent
+        # at the length the server has (x-gym-episode-length).
+        self.episode_length += 1
 
     def step_reply(self, reply: Reply) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         return self.step_result(reply.json())

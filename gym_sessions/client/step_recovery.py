@@ -32,6 +32,7 @@ The shells drive it (`HTTPClient.send_step`, `AsyncHTTPClient.send_step`): send
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.errors import (
@@ -73,11 +74,17 @@ class StepRecovery:
         step: The ``/step`` request.
         episode_length: Steps the episode has taken before this one, as the
             server counts them.
+        on_ran: Called once it is known that the step ran though its reply was
+            lost, before that is raised: the caller's count of the episode's
+            steps moves on (its next step is sent at the length the server has).
     """
 
-    def __init__(self, step: Request, episode_length: int) -> None:
+    def __init__(
+        self, step: Request, episode_length: int, on_ran: Callable[[], None] | None = None
+    ) -> None:
         self.step = step
         self.episode_length = episode_length
+        self.on_ran = on_ran
         #: What to send next; ``None`` once the step's reply is in.
         self.request: Request | None = step
         self._stage = _Stage.STEP
@@ -93,9 +100,8 @@ class StepRecovery:
     def replied(self, reply: Reply) -> None:
         """Take the reply to `request`; raises if it shows the lost step ran."""
         if self._stage is _Stage.OBSERVE:
-            assert self._lost is not None  # only a lost step reply leads here
             if reply.json()["episode_length"] != self.episode_length:
-                raise step_ran(self._lost)
+                raise self._ran()
             self._stage, self.request = _Stage.RESEND, self.step
             return
         self._stage, self.request, self._reply = _Stage.DONE, None, reply
@@ -107,9 +113,13 @@ class StepRecovery:
             self._stage, self.request = _Stage.OBSERVE, OBSERVE_REQUEST
             return
         if self._stage is _Stage.OBSERVE and isinstance(error, NoOpenEpisodeError):
-            assert self._lost is not None
-            raise step_ran(self._lost) from error  # the step ran and ended the episode
+            raise self._ran() from error  # the step ran and ended the episode
         if self._stage is _Stage.RESEND and isinstance(error, StepOutOfOrderError):
-            assert self._lost is not None
-            raise step_ran(self._lost) from error  # the first send ran after the /observe
+            raise self._ran() from error  # the first send ran after the /observe
         raise error
+
+    def _ran(self) -> ConnectionLostError:
+        assert self._lost is not None  # only a lost step reply leads here
+        if self.on_ran is not None:
+            self.on_ran()
+        return step_ran(self._lost)

@@ -484,6 +484,10 @@ class SessionRouter:
             elif private and sid not in self.claims and received_mark(scope, HELD_MARK):
                 raise _NotHeldError(f"worker {self.claims.worker_id} does not hold {sid!r}")
             elif await self._claim_here(routed) is not None:
+                if private and received_mark(scope, PLACED_MARK) is not None:
+                    # A copy of this start (a retry, say) was placed on another
+                    # worker meanwhile: refuse privately, the sender routes it there.
+                    raise _no_room()
                 raise _claimed_elsewhere(sid)
         except HTTPError as error:
             if private and isinstance(error, CapacityReachedError):
@@ -619,6 +623,8 @@ class SessionRouter:
                         return True
             finally:
                 del scope[HOP_MARKS_KEY]
+            if routed.source is not IdSource.MINTED and await self.claims.holder(sid) is not None:
+                return False  # claimed meanwhile (a copy of this start): it goes there
         return False
 
     async def _holder_to_start_beside(self, scope: Scope) -> str | None:

@@ -84,7 +84,9 @@ class EnvSession:
 
     async def step(self, action: Any) -> dict[str, Any]:
         """One ``/step`` (``action`` already in JSON)."""
-        recovery = StepRecovery(step_request(action, self.episode_length), self.episode_length)
+        recovery = StepRecovery(
+            step_request(action, self.episode_length), self.episode_length, self._step_ran
+        )
         try:
             reply = await self._http.send_step(recovery)
         except GymSessionsError as error:
@@ -95,6 +97,9 @@ class EnvSession:
             ) from exc
         self.episode_length += 1
         return reply.json()
+
+    def _step_ran(self) -> None:
+        self.episode_length += 1  # its reply was lost, but the server counts it
 
     async def verify(self, *, close_follows: bool = True) -> dict[str, Any]:
         """``/verify``; by default the session stays open for the close that follows."""

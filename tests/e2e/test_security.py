@@ -496,6 +496,9 @@ async def test_claim_files_are_sha256_names_and_nothing_else_is_written(
             f"{runtime_name}/metrics",
             # Durable sessions' snapshots (none: this server is not durable).
             f"{runtime_name}/snapshots",
+            # Balanced placement's load board: one record per worker, named by its id.
+            f"{runtime_name}/load",
+            *(f"{runtime_name}/load/{w}" for w in worker_ids),
         ]
     )
     worker_pids = {w.split("-", 1)[0] for w in worker_ids}
