@@ -386,6 +386,28 @@ def _git(*args: str) -> str:
     return done.stdout.strip()
 
 
+def run_in_worktree(path: str, statements: str, timeout: float) -> dict[str, float]:
+    """Run ``statements`` in a child Python importing the worktree at ``path`` first.
+
+    The benchmarks directory is importable too (its scripts measure an older
+    commit with their own code); the last line the child prints is its JSON result.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys, json; sys.path[:0] = [{path!r}, {here!r}]; {statements}"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=path,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 @contextlib.contextmanager
 def worktrees(labels: Sequence[str]) -> Iterator[list[Revision]]:
     """Check out each commit in ``labels`` in a detached worktree; removed on exit.

@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -46,26 +43,13 @@ from gym_sessions.server.process import start_server
 
 WORKERS = 4
 NUM_ENVS = 4
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def measure_revision(path: str, url: str, timesteps: int, seed: int) -> dict[str, float]:
     """`measure` of ``remote`` in a child process importing the worktree at ``path``."""
-    code = f"import sys, json; sys.path[:0] = [{path!r}, {HERE!r}]; import torch; "
-    code += "torch.set_num_threads(1); import sb3_throughput as b; "
-    code += f"print(json.dumps(b.measure('remote', {url!r}, {timesteps}, {seed})))"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=path,
-        env={**os.environ, "PYTHONPATH": path},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    statements = "import torch; torch.set_num_threads(1); import sb3_throughput as b; "
+    statements += f"print(json.dumps(b.measure('remote', {url!r}, {timesteps}, {seed})))"
+    return _common.run_in_worktree(path, statements, timeout=900)
 
 
 def make_env(kind: str, url: str) -> VecEnv:

@@ -31,12 +31,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -48,7 +45,6 @@ import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.server.process import start_server
 
 WORKERS = 4
-HERE = os.path.dirname(os.path.abspath(__file__))
 # Vector steps per measurement: about a second or two each on 2 cores.
 VECTOR_STEPS = {1: 1500, 8: 400, 64: 60}
 WARMUP_STEPS = 10
@@ -57,20 +53,9 @@ STEP_MODE = "make_vec /step"
 
 def measure_revision(path: str, url: str, n: int, seed: int) -> dict[str, float]:
     """`measure` of ``make_vec`` in a child process importing the worktree at ``path``."""
-    code = f"import sys, json; sys.path[:0] = [{path!r}, {HERE!r}]; import vector_throughput as v; "
-    code += f"print(json.dumps(v.measure({url!r}, 'make_vec', {n}, {seed})))"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=path,
-        env={**os.environ, "PYTHONPATH": path},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    statements = "import vector_throughput as v; "
+    statements += f"print(json.dumps(v.measure({url!r}, 'make_vec', {n}, {seed})))"
+    return _common.run_in_worktree(path, statements, timeout=600)
 
 
 def measure(url: str, mode: str, n: int, seed: int) -> dict[str, float]:
