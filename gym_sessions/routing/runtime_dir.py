@@ -77,6 +77,8 @@ class RuntimeDirectory:
         self.workers_dir = os.path.join(path, "workers")
         self.states_dir = os.path.join(path, "states")
         self.snapshots_dir = os.path.join(path, "snapshots")
+        #: Balanced placement's load records (`FileLoadBoard` creates it).
+        self.load_dir = os.path.join(path, "load")
 
     @classmethod
     def create(cls, base: str | None = None) -> RuntimeDirectory:

@@ -400,7 +400,7 @@ class WorkerApp:
                 self.settings.claims_timeout,
             )
         assert self.runtime_dir is not None
-        return FileLoadBoard(os.path.join(self.runtime_dir.path, "load"), self.worker_id)
+        return FileLoadBoard(self.runtime_dir.load_dir, self.worker_id)
 
     async def _reap_orphans(self) -> None:
         assert self.redis_store is not None
