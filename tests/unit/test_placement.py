@@ -16,7 +16,7 @@ import pytest
 from gym_sessions.routing.placement import FileLoadBoard, WorkerLoad
 from gym_sessions.wire import START_BESIDE_HEADER
 
-from .cluster import Cluster, dead_worker_id, new_id, seed_start
+from .cluster import Cluster, dead_worker_id, new_id, seed_start, wait_until
 from .probe_server import ProbeServer
 
 
@@ -157,8 +157,9 @@ async def test_a_full_worker_hands_a_start_on_to_the_least_loaded_worker(cluster
     assert (await start_beside()).json["worker"] == c[0].id  # room beside it: now full
     assert (await seed_start(c[1])).json["worker"] == c[1].id  # a tie stays
     assert c.live_sessions() == [2, 1, 0]
-    if c.settings.redis_claims:
-        await asyncio.sleep(0.1)  # the loads reach Redis
+    if c.settings.redis_claims:  # the loads reach Redis (each board's writer is done)
+        boards = [w.app.router.placement.board for w in c.workers]
+        assert await wait_until(lambda: all(b._written == b._value for b in boards))
     handed = await start_beside()
     assert handed.status == 200 and handed.json["worker"] == c[2].id
     assert c.live_sessions() == [2, 1, 1]
