@@ -39,6 +39,8 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "Handoff",
     "HandoffCounts",
+    "HandoffLost",
+    "HandoffUndecided",
     "HopReason",
     "pack_message",
     "replay_bytes",
@@ -94,6 +96,8 @@ class HandoffCounts:
     handed_over: int = 0
     hopped: int = 0
     hop_reasons: dict[str, int] = field(default_factory=dict)
+    #: Connections let go unserved because the holder's answer could no longer be read.
+    undecided: int = 0
 
     def hop(self, reason: HopReason | None) -> None:
         """Count a hop, and why it was not a handoff (``None``: handoff is off)."""
@@ -107,6 +111,7 @@ class HandoffCounts:
             "handed_over": self.handed_over,
             "hopped": self.hopped,
             "hop_reasons": dict(self.hop_reasons),
+            "undecided": self.undecided,
         }
 
 
@@ -147,14 +152,33 @@ def unpack_message(message: bytes) -> tuple[str, str, bytes] | None:
     return sid, by, message[end:]
 
 
+class HandoffLost(ConnectionError):
+    """The holder's socket reached its end before it answered: it served nothing of it."""
+
+
+class HandoffUndecided(ConnectionError):
+    """Whether the holder took the connection cannot be known any more."""
+
+
 class _Channel:
-    """One kept-open handoff socket to a holder; its answers come back in order."""
+    """One kept-open handoff socket to a holder; its answers come back in order.
+
+    A question is settled only by its answer byte, or by the end of the
+    socket read after every answer before it: the holder answers before it
+    serves, and writes every answer it owes before it closes, so whatever was
+    unanswered at the end was never served there (`HandoffLost`). A question
+    whose answer can no longer be read (this worker closes the channel itself,
+    or reading fails) is `HandoffUndecided`: its connection may be the
+    holder's, so this worker must let it go without serving it.
+    """
 
     def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self.sock = sock
         self.loop = loop
         self.pending: collections.deque[asyncio.Future[bool]] = collections.deque()
         self.closed = False
+        #: New questions may be sent (false once a send found the holder's end closed).
+        self.open_for_questions = True
         loop.add_reader(sock.fileno(), self._read_answers)
 
     def send(self, message: bytes, fd: int) -> asyncio.Future[bool]:
@@ -163,39 +187,59 @@ class _Channel:
         Raises:
             OSError: nothing was sent (the socket is full or broken).
         """
-        socket.send_fds(self.sock, [message], [fd])
+        try:
+            socket.send_fds(self.sock, [message], [fd])
+        except (BrokenPipeError, ConnectionResetError):
+            # The holder closed its end; the answers it wrote before are still
+            # to be read (the reader settles every open question), but no new
+            # question goes out on this socket.
+            self.open_for_questions = False
+            raise
         answer: asyncio.Future[bool] = self.loop.create_future()
         self.pending.append(answer)
         return answer
 
     def _read_answers(self) -> None:
-        try:
-            data = self.sock.recv(4096)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.close()  # the holder exited: every open question is lost
-            return
-        for byte in data:
-            if not self.pending:
-                break
-            answer = self.pending.popleft()
-            if not answer.done():
-                answer.set_result(byte == ACK_TAKEN[0])
+        # Every answer waiting is read now: one per wake-up would let them pile
+        # up in the holder's send buffer while this worker sends more questions.
+        while not self.closed:
+            try:
+                data = self.sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionResetError:
+                # Linux reports a peer that closed with questions unread once,
+                # before the answers it wrote: read on.
+                continue
+            except OSError:
+                self.close(HandoffUndecided("the holder's handoff socket could not be read"))
+                return
+            if not data:
+                # The end, after every answer the holder wrote: the rest were never taken.
+                self.close(HandoffLost("the holder's handoff socket closed before it answered"))
+                return
+            for byte in data:
+                if not self.pending:
+                    break
+                answer = self.pending.popleft()
+                if not answer.done():
+                    answer.set_result(byte == ACK_TAKEN[0])
 
-    def close(self) -> None:
+    def close(self, reason: ConnectionError | None = None) -> None:
+        """Stop reading; every open question fails with ``reason`` (undecided by default)."""
         if self.closed:
             return
         self.closed = True
+        self.open_for_questions = False
         with contextlib.suppress(Exception):
             self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
+        if reason is None:
+            reason = HandoffUndecided("this worker closed its handoff socket")
         while self.pending:
             answer = self.pending.popleft()
             if not answer.done():
-                answer.set_exception(ConnectionResetError("the holder's handoff socket closed"))
+                answer.set_exception(reason)
 
 
 class Handoff:
@@ -222,6 +266,7 @@ class Handoff:
         self.worker_id = worker_id
         self._socket_path = socket_path
         self._channels: dict[str, _Channel] = {}
+        self._draining: set[_Channel] = set()
         self.counts = counts
 
     async def hand_over(self, holder: str, session_id: str, scope: Scope, body: bytes) -> bool:
@@ -252,14 +297,10 @@ class Handoff:
         connection.pause_for_handoff()
         try:
             answer = channel.send(message, client.fileno())
-        except OSError as exc:
-            if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
-                # The holder closed its end: it answers none of the messages
-                # still open (their descriptors went with its socket).
-                channel.close()
-                self._channels.pop(holder, None)
-            # Otherwise (full: the holder is behind) the channel stays open:
-            # the holder will still answer, and may take, the messages it holds.
+        except OSError:
+            # Nothing was sent: the holder is behind (its socket is full) or has
+            # closed its end. Either way the questions already sent are settled
+            # by the channel's reader, never here.
             connection.resume_after_refusal()
             return self._hop(HopReason.UNREACHABLE)
         try:
@@ -272,12 +313,17 @@ class Handoff:
             connection.silence()
             answer.add_done_callback(lambda _: connection.give_away())
             raise
-        except ConnectionResetError:
-            # The holder exited before answering: it never served the request
-            # (it answers before it serves), so the hop (410, or a restore) is safe.
-            self._channels.pop(holder, None)
+        except HandoffLost:
+            # The holder's socket ended before it answered: it never served the
+            # request (it answers before it serves), so the hop (410, or a restore) is safe.
             connection.resume_after_refusal()
             return self._hop(HopReason.LOST)
+        except HandoffUndecided:
+            # The holder may be serving the connection: never serve it here too.
+            connection.give_away()
+            scope[GIVEN_AWAY_SCOPE_KEY] = True
+            self.counts.undecided += 1
+            return True
         if not taken:
             connection.resume_after_refusal()
             return self._hop(HopReason.REFUSED)
@@ -292,8 +338,13 @@ class Handoff:
 
     def _channel(self, holder: str) -> _Channel | None:
         channel = self._channels.get(holder)
-        if channel is not None and not channel.closed:
+        if channel is not None and channel.open_for_questions:
             return channel
+        if channel is not None and not channel.closed:
+            # It takes no more questions but still reads its answers to the end.
+            self._draining.add(channel)
+            del self._channels[holder]
+        self._draining = {old for old in self._draining if not old.closed}
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sock.setblocking(False)
         try:
@@ -306,7 +357,8 @@ class Handoff:
         return channel
 
     def close(self) -> None:
-        """Close every handoff socket."""
-        for channel in self._channels.values():
+        """Close every handoff socket (a question still open there is undecided)."""
+        for channel in [*self._channels.values(), *self._draining]:
             channel.close()
         self._channels.clear()
+        self._draining.clear()

@@ -5,9 +5,10 @@ directory (mode 0600 in a 0700 directory) and reads it from the event loop
 (``add_reader``, no thread). It takes connections only from processes of this
 uid (``SO_PEERCRED``), one descriptor per message (extra ones are closed),
 messages at most `MAX_MESSAGE_BYTES`. Each message gets exactly one answer
-byte, in order: taken (before the connection is served, so a worker that died
-before answering served nothing) or refused (this worker does not hold the
-session, is draining or stopping, or the message is malformed).
+byte, in order, never lost: taken (sent before the connection is served, so
+a worker whose socket ended before an answer served nothing) or refused (this
+worker does not hold the session, is draining or stopping, or the message is
+malformed).
 
 A taken connection is served by the public server's own protocol (same head
 bounds, timeouts, connection set and concurrency limit as a connection it
@@ -18,6 +19,7 @@ client sent meanwhile are held until then (`_ReplayFirst`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -42,6 +44,8 @@ _PEER_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # extras are received (and closed) rather than left to the kernel's truncation.
 _MAX_FDS = 4
 _STREAM_FAMILIES = (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX)
+#: A taken connection: its socket, the replayed request, the id of the worker that sent it.
+_Taken = tuple[socket.socket, bytes, str]
 
 
 class _ReplayFirst(asyncio.Protocol):
@@ -123,6 +127,8 @@ class HandoffListener:
         self._accepting: Callable[[], bool] = lambda: False
         self._listening: socket.socket | None = None
         self._peers: set[socket.socket] = set()
+        # Per peer: answers its socket could not take yet, each with its connection.
+        self._unsent: dict[socket.socket, collections.deque[tuple[bytes, _Taken | None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._uid = os.getuid()
 
@@ -187,14 +193,20 @@ class HandoffListener:
             self._loop.add_reader(peer.fileno(), self._receive, peer)
 
     def _drop(self, peer: socket.socket) -> None:
+        """Close ``peer``; connections taken but not yet answered there are closed unserved."""
         assert self._loop is not None
         self._peers.discard(peer)
         with contextlib.suppress(Exception):
             self._loop.remove_reader(peer.fileno())
+        with contextlib.suppress(Exception):
+            self._loop.remove_writer(peer.fileno())
+        for _, client in self._unsent.pop(peer, ()):
+            if client is not None:
+                client[0].close()
         peer.close()
 
     def _receive(self, peer: socket.socket) -> None:
-        while peer in self._peers:
+        while peer in self._peers and peer not in self._unsent:
             try:
                 message, fds, flags, _ = socket.recv_fds(peer, MAX_MESSAGE_BYTES, _MAX_FDS)
             except (BlockingIOError, InterruptedError):
@@ -205,26 +217,69 @@ class HandoffListener:
             if not message and not fds:
                 self._drop(peer)  # the other worker closed its end
                 return
-            client = self._take(message, fds, flags)
-            try:
-                peer.send(ACK_TAKEN if client is not None else ACK_REFUSED)
-            except OSError:
-                # The asking worker cannot learn the answer: it must not think
-                # the connection is its own while this one serves it, so neither serves.
-                if client is not None:
-                    client[0].close()
-                self._drop(peer)
-                return
-            if client is not None:
-                self.taken += 1
-                assert self._loop is not None
-                self._loop.create_task(self._serve(*client))
-            else:
-                self.refused += 1
+            self._answer(peer, self._take(message, fds, flags))
 
-    def _take(
-        self, message: bytes, fds: list[int], flags: int
-    ) -> tuple[socket.socket, bytes, str] | None:
+    def _answer(self, peer: socket.socket, client: _Taken | None) -> None:
+        """Answer one message; a taken connection is served once its answer is sent.
+
+        Answering before serving is what lets the asking worker read the end
+        of this socket as "served nothing". When the answer cannot be sent
+        now (the asker is slow to read and this socket's buffer is full), it
+        waits here, in order, with its connection unserved, and no further
+        message is read until every waiting answer is out: the answers are
+        never lost and never reordered, so the asker never mistakes a taken
+        connection for one it may serve itself.
+        """
+        answer = ACK_TAKEN if client is not None else ACK_REFUSED
+        if peer in self._unsent:
+            self._unsent[peer].append((answer, client))
+            return
+        try:
+            peer.send(answer)
+        except (BlockingIOError, InterruptedError):
+            assert self._loop is not None
+            self._unsent[peer] = collections.deque([(answer, client)])
+            self._loop.remove_reader(peer.fileno())
+            self._loop.add_writer(peer.fileno(), self._send_unsent, peer)
+            return
+        except OSError:
+            # The asking worker is gone: it reads no answer and serves nothing,
+            # and neither does this one (the connection was never answered).
+            if client is not None:
+                client[0].close()
+            self._drop(peer)
+            return
+        self._served(client)
+
+    def _send_unsent(self, peer: socket.socket) -> None:
+        assert self._loop is not None
+        unsent = self._unsent.get(peer)
+        while unsent:
+            answer, client = unsent[0]
+            try:
+                peer.send(answer)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._drop(peer)  # closes every connection still unanswered
+                return
+            unsent.popleft()
+            self._served(client)
+        self._unsent.pop(peer, None)
+        if peer in self._peers:
+            self._loop.remove_writer(peer.fileno())
+            self._loop.add_reader(peer.fileno(), self._receive, peer)
+
+    def _served(self, client: _Taken | None) -> None:
+        """Count an answered message; serve its connection if it was taken."""
+        if client is None:
+            self.refused += 1
+            return
+        self.taken += 1
+        assert self._loop is not None
+        self._loop.create_task(self._serve(*client))
+
+    def _take(self, message: bytes, fds: list[int], flags: int) -> _Taken | None:
         """The client socket and replay of a message this worker takes, else ``None``.
 
         Every descriptor not taken is closed here.

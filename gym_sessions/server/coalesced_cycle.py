@@ -81,6 +81,11 @@ class CoalescedCycle(RequestResponseCycle):
     loop: asyncio.AbstractEventLoop
 
     async def send(self, message: Any) -> None:
+        if not self.disconnected and self.transport.is_closing():
+            # uvicorn marks only the connection's newest cycle disconnected when
+            # it is lost; an older one still replying (a request answered while
+            # a pipelined one was read) must not write into the closed transport.
+            self.disconnected = True
         held = self._held
         if held is not None:
             self._held = None

@@ -220,6 +220,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def pause_for_handoff(self) -> None:
         """Read nothing more from the client while the connection is offered to another worker."""
         self.transport.pause_reading()
+        # uvicorn's flow control resumes reading only if it paused it itself
+        # (``read_paused``): marked as not paused by it, a ``receive`` while the
+        # offer is open (the disconnect watch) cannot resume reading a socket
+        # the other worker may already be reading.
+        self.flow.read_paused = False
 
     def resume_after_refusal(self) -> None:
         """The other worker did not take the connection: this one serves it on."""
