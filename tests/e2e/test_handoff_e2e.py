@@ -209,7 +209,12 @@ def test_handoff_off_keeps_the_hop(serve):
         assert client.accepted_by() == acceptor
     finally:
         client.close()
-    assert deliveries(server.url)[acceptor] == {"handed_over": 0, "hopped": 3, "hop_reasons": {}}
+    assert deliveries(server.url)[acceptor] == {
+        "handed_over": 0,
+        "hopped": 3,
+        "hop_reasons": {},
+        "undecided": 0,
+    }
     assert not any(
         name.endswith(".fds") for name in os.listdir(server.runtime_dirs()[0] + "/workers")
     )

@@ -13,12 +13,22 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from envs.counter import CounterEnv
-from gym_sessions.routing.handoff import ACK_REFUSED, pack_message, replay_bytes
+from gym_sessions.routing.handoff import (
+    ACK_REFUSED,
+    ACK_TAKEN,
+    HandoffLost,
+    HandoffUndecided,
+    _Channel,
+    pack_message,
+    replay_bytes,
+)
 from gym_sessions.routing.handoff_listener import HandoffListener
 from gym_sessions.server.env_server import GymEnvServer
 
@@ -115,7 +125,12 @@ async def test_kept_alive_connection_moves_once_then_is_served_by_the_holder(han
             assert "x-gym-forwarded-by" not in headers
     finally:
         await connection.close()
-    assert await _deliveries(c, 1) == {"handed_over": 1, "hopped": 0, "hop_reasons": {}}
+    assert await _deliveries(c, 1) == {
+        "handed_over": 1,
+        "hopped": 0,
+        "hop_reasons": {},
+        "undecided": 0,
+    }
     assert (await _deliveries(c, 0))["handed_over"] == 0
 
 
@@ -138,6 +153,7 @@ async def test_by_default_a_connection_moves_from_its_second_request(handoff_clu
         "handed_over": 1,
         "hopped": 2,
         "hop_reasons": {"first_request": 2},
+        "undecided": 0,
     }
 
 
@@ -190,6 +206,7 @@ async def test_pipelined_requests_are_hopped_until_none_is_buffered(handoff_clus
         "handed_over": 1,
         "hopped": 2,
         "hop_reasons": {"not_detachable": 2},
+        "undecided": 0,
     }
 
 
@@ -208,6 +225,7 @@ async def test_health_counts_are_exact_for_a_known_load(handoff_cluster):
         "handed_over": 10,
         "hopped": 1,
         "hop_reasons": {"not_detachable": 1},
+        "undecided": 0,
     }
     assert c[0].server.counts[next(iter(c[0].server.counts))] == 6
 
@@ -412,7 +430,12 @@ async def test_a_step_batch_held_by_one_other_worker_moves_its_connection_there(
     finally:
         await connection.close()
     # Moved with the first batch; the next two were served where it now is.
-    assert await _deliveries(c, 1) == {"handed_over": 1, "hopped": 0, "hop_reasons": {}}
+    assert await _deliveries(c, 1) == {
+        "handed_over": 1,
+        "hopped": 0,
+        "hop_reasons": {},
+        "undecided": 0,
+    }
 
 
 async def test_a_step_batch_of_several_holders_stays_and_hops_its_sub_batches(start_clusters):
@@ -427,3 +450,144 @@ async def test_a_step_batch_of_several_holders_stays_and_hops_its_sub_batches(st
     finally:
         await connection.close()
     assert (await _deliveries(c, 1))["handed_over"] == 0
+
+
+# Answers under load: one owner per connection (issue 27) -----------------------------------
+
+
+#: Questions the slow asker sends: more answers than fit a Unix socket's send buffer (about 270).
+COUNT = 800
+
+
+def _question() -> bytes:
+    scope = {"method": "GET", "path": "/", "raw_path": b"/", "query_string": b"", "headers": []}
+    return pack_message("s1", "w-test", replay_bytes(scope, b""))
+
+
+class _Served(asyncio.Protocol):
+    """Stands in for the public server's protocol on the holder: records what it got."""
+
+    def __init__(self, served: list[object]) -> None:
+        self.served = served
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.served.append(transport)
+
+    def expect_replay(self, sender: str) -> None:
+        pass
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+
+async def test_a_slow_asker_gets_every_answer_and_each_connection_one_owner(short_tmp):
+    """The holder answers faster than the asker reads: no answer may be lost or guessed.
+
+    The holder runs on its own loop in a thread; the asker's loop is busy
+    sending (as a loaded worker is) and reads no answer until all are sent,
+    so several hundred answers wait in the holder's socket buffer. Before
+    the fix the holder closed its socket when the buffer filled, and the
+    asker took every open question as "lost" and would have served the
+    connections the holder was serving.
+    """
+    path = os.path.join(short_tmp, "h.fds")
+    served: list[object] = []
+    holder_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=holder_loop.run_forever, daemon=True)
+    thread.start()
+    listener = HandoffListener(path, lambda session_id: True)
+    listener.attach(lambda: _Served(served), lambda: True)
+    asyncio.run_coroutine_threadsafe(listener.start(), holder_loop).result(10)
+    clients = [socket.socketpair() for _ in range(COUNT)]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(path)
+    sock.setblocking(False)
+    channel = _Channel(sock, asyncio.get_running_loop())
+    answers: list[asyncio.Future[bool]] = []
+    try:
+        message = _question()
+        for left, _ in clients:
+            # Until the holder's socket stays full: then a worker hops (nothing was sent).
+            for _attempt in range(50):  # bounded: the holder's thread reads on meanwhile
+                try:
+                    answers.append(channel.send(message, left.fileno()))
+                    break
+                except BlockingIOError:
+                    # Blocking on purpose: this loop is the busy asker's.
+                    time.sleep(0.002)  # noqa: ASYNC251
+            else:
+                break
+        settled = await asyncio.wait_for(asyncio.gather(*answers, return_exceptions=True), 30)
+        # More answers than the holder's socket buffer holds had to wait for this reader.
+        assert len(answers) > 300
+        assert settled == [True] * len(answers)
+        assert await wait_until(lambda: len(served) == len(answers))
+        assert listener.taken == len(answers) and listener.refused == 0
+    finally:
+        channel.close()
+        asyncio.run_coroutine_threadsafe(listener.stop(), holder_loop).result(10)
+        for transport in served:
+            holder_loop.call_soon_threadsafe(transport.abort)  # type: ignore[attr-defined]
+        holder_loop.call_soon_threadsafe(holder_loop.stop)
+        thread.join(10)
+        holder_loop.close()
+        for left, right in clients:
+            left.close()
+            right.close()
+
+
+async def test_answers_written_before_the_holder_closed_are_still_read(short_tmp):
+    """A holder that closes with questions unread still said "taken" to the ones it answered.
+
+    Linux reports that close to the asker as a reset before the answers
+    queued for it; the answered questions are taken (the holder serves
+    them), only the rest are lost (their descriptors went with its socket).
+    """
+    path = os.path.join(short_tmp, "h.fds")
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    holder.bind(path)
+    holder.listen()
+    asker = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    asker.connect(path)
+    asker.setblocking(False)
+    peer, _ = holder.accept()
+    channel = _Channel(asker, asyncio.get_running_loop())
+    left, right = socket.socketpair()
+    try:
+        answers = [channel.send(_question(), left.fileno()) for _ in range(5)]
+        for _ in range(3):
+            _, fds, _, _ = socket.recv_fds(peer, 1 << 18, 4)
+            for fd in fds:
+                os.close(fd)
+            peer.send(ACK_TAKEN)
+        peer.close()  # two questions still unread in its socket
+        settled = await asyncio.wait_for(asyncio.gather(*answers, return_exceptions=True), 10)
+    finally:
+        channel.close()
+        holder.close()
+        left.close()
+        right.close()
+    assert settled[:3] == [True, True, True]
+    assert [type(error) for error in settled[3:]] == [HandoffLost, HandoffLost]
+
+
+async def test_an_answer_the_asker_can_no_longer_read_lets_the_connection_go(short_tmp):
+    """Closing the channel with a question open: undecided, never taken for "served nothing"."""
+    path = os.path.join(short_tmp, "h.fds")
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    holder.bind(path)
+    holder.listen()
+    asker = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    asker.connect(path)
+    asker.setblocking(False)
+    channel = _Channel(asker, asyncio.get_running_loop())
+    left, right = socket.socketpair()
+    try:
+        answer = channel.send(_question(), left.fileno())
+        channel.close()
+        with pytest.raises(HandoffUndecided):
+            await answer
+    finally:
+        holder.close()
+        left.close()
+        right.close()
