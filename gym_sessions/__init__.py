@@ -30,6 +30,7 @@ from gym_sessions.client import (
 )
 from gym_sessions.errors import (
     BadGatewayError,
+    BadUpstreamError,
     BodyTooLargeError,
     CapacityReachedError,
     ClaimsUnavailableError,
@@ -68,6 +69,7 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 __all__ = [
     "AsyncRemoteEnv",
     "BadGatewayError",
+    "BadUpstreamError",
     "BodyTooLargeError",
     "CapacityReachedError",
     "ClaimsUnavailableError",

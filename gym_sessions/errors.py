@@ -25,6 +25,7 @@
           ├── EnvError                  500 env_error
           ├── InternalServerError       500 internal_error
           ├── BadGatewayError           502 bad_gateway
+          │    └── BadUpstreamError     502 bad_upstream
           ├── CapacityReachedError      503 capacity_reached
           ├── OverloadedError           503 overloaded
           └── ClaimsUnavailableError    503 claims_unavailable
@@ -42,6 +43,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "BadGatewayError",
+    "BadUpstreamError",
     "BodyTooLargeError",
     "CapacityReachedError",
     "ClaimsUnavailableError",
@@ -213,6 +215,12 @@ class InternalServerError(HTTPError):
 
 class BadGatewayError(HTTPError):
     status, code = 502, "bad_gateway"
+
+
+class BadUpstreamError(BadGatewayError):
+    """An upstream (env or model server) answered, but not with what the protocol needs."""
+
+    status, code = 502, "bad_upstream"
 
 
 class CapacityReachedError(HTTPError):

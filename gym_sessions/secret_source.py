@@ -19,6 +19,7 @@ Secrets built into `Settings` by Python code are not checked here.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -57,13 +58,18 @@ def read_secret_file(path: str, kind: str = "secret") -> str:
     Raises:
         StartupError: the file is missing or unreadable, not a regular file,
             open to group or others, not one line of UTF-8 text, or the secret
-            is shorter than `MIN_SECRET_LENGTH` characters.
+            is shorter than `MIN_SECRET_LENGTH` characters; the path is a
+            symbolic link.
     """
     what = f"{kind} file {path}"
     try:
-        # O_NONBLOCK: a FIFO given by mistake must not block the start (it is refused below).
-        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+        # O_NONBLOCK: a FIFO given by mistake must not block the start (it is
+        # refused below). O_NOFOLLOW: a symbolic link is refused, so whoever can
+        # write the directory cannot point the server at another file it reads.
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StartupError(f"{what} is a symbolic link; name the file itself") from exc
         raise StartupError(f"cannot read {what}: {exc.strerror or exc}") from exc
     try:
         # Checked on the open file, so the file read is the file checked.

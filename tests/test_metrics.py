@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 from envs.counter import CounterEnv
-from gym_sessions.errors import ForbiddenError, InvalidTokenError
+from gym_sessions.errors import ForbiddenError, InvalidRequestError, InvalidTokenError, StartupError
 from gym_sessions.metrics import CONTENT_TYPE, MetricsAccess, WorkerMetrics
 from gym_sessions.metrics.access import is_loopback
 from gym_sessions.metrics.recorder import RouteLabels
 from gym_sessions.metrics.status import estimate_quantile, parse_samples, status_table
 from gym_sessions.routing.router import Served
+from gym_sessions.secret_source import read_secret_file
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.server.env_server import GymEnvServer
 from gym_sessions.settings import Settings
@@ -334,3 +335,26 @@ def test_only_gone_processes_lose_their_live_gauges(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [names[0], f"counter_{gone_pid}.db", f"histogram_{gone_pid}.db"]
     )
+
+
+def test_exactly_one_authorization_header_is_taken_several_are_refused():
+    access = MetricsAccess(TOKEN)
+    right = (b"authorization", b"Bearer " + TOKEN.encode())
+    wrong = (b"authorization", b"Bearer wrong")
+    for headers in ([wrong, right], [right, right], [right, wrong]):
+        with pytest.raises(InvalidRequestError) as refused:
+            access.check({"client": ("127.0.0.1", 1), "headers": headers})
+        assert refused.value.status == 400
+    access.check({"client": ("127.0.0.1", 1), "headers": [right]})
+
+
+def test_a_symlinked_token_file_is_refused_as_a_symlinked_secret_file(tmp_path):
+    real = tmp_path / "token"
+    real.write_text(TOKEN + "\n")
+    real.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert read_secret_file(str(real), "metrics token") == TOKEN
+    for kind in ("metrics token", "secret"):
+        with pytest.raises(StartupError, match="symbolic link"):
+            read_secret_file(str(link), kind)

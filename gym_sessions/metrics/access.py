@@ -6,6 +6,9 @@
 - A token (``--metrics-token-file``): ``Authorization: Bearer <token>`` from
   every client, loopback ones included (so a proxy in front cannot open the
   page to everyone); a missing or wrong one gets 401 ``invalid_token``.
+  Exactly one ``Authorization`` header is read: a request with several gets
+  400 ``invalid_request`` (a proxy and a client could otherwise each add one,
+  and "any of them matches" would let a guess ride beside a forwarded token).
 
 ``--metrics off`` removes the page altogether (404, as any unknown route).
 """
@@ -17,7 +20,7 @@ import ipaddress
 
 from starlette.types import Scope
 
-from gym_sessions.errors import ForbiddenError, InvalidTokenError
+from gym_sessions.errors import ForbiddenError, InvalidRequestError, InvalidTokenError
 
 __all__ = ["MetricsAccess", "is_loopback"]
 
@@ -52,6 +55,8 @@ class MetricsAccess:
         """Return if the request may read the page.
 
         Raises:
+            InvalidRequestError: a token is required and the request has several
+                ``Authorization`` headers.
             InvalidTokenError: a token is required and missing or wrong.
             ForbiddenError: no token is configured and the client is not loopback.
         """
@@ -71,12 +76,15 @@ class MetricsAccess:
             )
 
     def _bearer_matches(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        for name, value in headers:
-            if name == b"authorization":
-                scheme, _, credentials = value.strip().partition(b" ")
-                # The scheme is case-insensitive (RFC 9110); the token is compared in constant time.
-                if scheme.lower() == b"bearer" and hmac.compare_digest(
-                    credentials.strip(), self._token
-                ):
-                    return True
-        return False
+        values = [value for name, value in headers if name == b"authorization"]
+        if len(values) > 1:
+            raise InvalidRequestError(
+                f"GET /metrics takes one Authorization header, not {len(values)}"
+            )
+        if not values:
+            return False
+        scheme, _, credentials = values[0].strip().partition(b" ")
+        # The scheme is case-insensitive (RFC 9110); the token is compared in
+        # constant time (hmac.compare_digest), whatever the scheme.
+        matches = hmac.compare_digest(credentials.strip(), self._token)
+        return scheme.lower() == b"bearer" and matches

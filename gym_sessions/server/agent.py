@@ -116,6 +116,11 @@ class AgentServer(SessionServer):
     #: its own that changes the state (seeds and closes do here). Receipts and
     #: failed seeds are not captured.
     durable_agent_state: ClassVar[bool] = False
+    #: Seconds an outbound call (env or model server) may take to connect, and
+    #: in all; a subclass or deployment may set them (issue 33: a port that
+    #: accepts and never answers held ``/run`` for minutes).
+    upstream_connect_timeout: ClassVar[float] = 5.0
+    upstream_timeout: ClassVar[float] = 120.0
 
     def __init__(self) -> None:
         self.agent_sessions: dict[str, Any] = {}
@@ -438,7 +443,9 @@ class AgentServer(SessionServer):
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30),
                 cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=300),
+                timeout=aiohttp.ClientTimeout(
+                    total=self.upstream_timeout, connect=self.upstream_connect_timeout
+                ),
             )
         return self._http
 

@@ -8,7 +8,10 @@ exactly as `AsyncRemoteEnv` does (`gym_sessions.client.exchange`,
 (so a resent start cannot create a second session) and proves it owns it with a
 random ``session_key`` (so its close reaches the session even when it never
 received the cookie). Every failure becomes a `BadGatewayError` whose message
-names the env server, the route and the cause.
+names the env server, the route and the cause: the status and the framework's
+error code of an error reply, never its message or any other byte of it (an
+env server's reply may be a local service's page; issue 33). A reply that is
+not the JSON object the route needs is `BadUpstreamError` naming the field.
 """
 
 from __future__ import annotations
@@ -30,9 +33,24 @@ from gym_sessions.client.protocol import (
     verify_request,
 )
 from gym_sessions.client.step_recovery import StepRecovery
-from gym_sessions.errors import BadGatewayError, GymSessionsError, HTTPError
+from gym_sessions.errors import BadGatewayError, BadUpstreamError, GymSessionsError, HTTPError
 
-__all__ = ["EnvSession", "bad_gateway"]
+__all__ = ["EnvSession", "bad_gateway", "reply_fields"]
+
+
+def reply_fields(what: str, reply: Any, *names: str) -> dict[str, Any]:
+    """``reply`` if it is a JSON object with every field in ``names``.
+
+    Raises:
+        BadUpstreamError: it is not an object, or lacks a field (named).
+    """
+    if not isinstance(reply, dict):
+        raise BadUpstreamError(f"{what}: the reply is not a JSON object")
+    for name in names:
+        if name not in reply:
+            raise BadUpstreamError(f"{what}: the reply has no field {name!r}")
+    return reply
+
 
 _START_ROUTE = "/seed_session"
 
@@ -40,8 +58,10 @@ _START_ROUTE = "/seed_session"
 def bad_gateway(url: str, route: str, error: GymSessionsError) -> BadGatewayError:
     """The agent's error for an env server's ``error`` on ``route``: 502, naming all three."""
     if isinstance(error, HTTPError):
+        # Status and code only: `error_from_body` maps any code it does not know
+        # to its status's, so both are the framework's words, not the upstream's.
         return BadGatewayError(
-            f"env server {url} answered {route} with {error.status} {error.code}: {error.message}"
+            f"env server {url} answered {route} with {error.status} {error.code}"
         )
     return BadGatewayError(f"env server {url} failed on {route}: {error}")
 
@@ -71,7 +91,8 @@ class EnvSession:
 
     async def spaces(self) -> dict[str, Any]:
         """The env server's ``/spaces``."""
-        return await self._send(SPACES_REQUEST)
+        reply = await self._send(SPACES_REQUEST)
+        return reply_fields(self._what("/spaces"), reply, "action_space", "observation_space")
 
     async def start(self, body: dict[str, Any]) -> dict[str, Any]:
         """Start the session (``/seed_session``) with this handle's id."""
@@ -80,7 +101,7 @@ class EnvSession:
         names = session_names(self.session_id, self.session_key)
         reply = await self._send(start_request(_START_ROUTE, names, body, first=first))
         self.episode_length = 0
-        return reply
+        return reply_fields(self._what(_START_ROUTE), reply, "observation", "info")
 
     async def step(self, action: Any) -> dict[str, Any]:
         """One ``/step`` (``action`` already in JSON)."""
@@ -96,14 +117,18 @@ class EnvSession:
                 f"env server {self.url} failed on {recovery.step.path}: {exc}"
             ) from exc
         self.episode_length += 1
-        return reply.json()
+        fields = ("observation", "reward", "terminated", "truncated", "info")
+        return reply_fields(
+            self._what(recovery.step.path), _json(reply, self._what("/step")), *fields
+        )
 
     def _step_ran(self) -> None:
         self.episode_length += 1  # its reply was lost, but the server counts it
 
     async def verify(self, *, close_follows: bool = True) -> dict[str, Any]:
         """``/verify``; by default the session stays open for the close that follows."""
-        return await self._send(verify_request(close_follows, {}))
+        reply = await self._send(verify_request(close_follows, {}))
+        return reply_fields(self._what("/verify"), reply, "reward")
 
     async def close(self) -> dict[str, Any]:
         """``/close_session`` by body id and key: reaches the session even without a cookie."""
@@ -114,4 +139,14 @@ class EnvSession:
             reply = await self._http.send(request)
         except GymSessionsError as error:
             raise bad_gateway(self.url, request.path, error) from error
+        return _json(reply, self._what(request.path))
+
+    def _what(self, route: str) -> str:
+        return f"env server {self.url} on {route}"
+
+
+def _json(reply: Any, what: str) -> Any:
+    try:
         return reply.json()
+    except ValueError:
+        raise BadUpstreamError(f"{what}: the reply is not JSON") from None

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from gym_sessions.errors import BadGatewayError
+from gym_sessions.errors import BadGatewayError, BadUpstreamError
 
 __all__ = ["ChatCompletionsPolicy", "Policy", "ScriptedPolicy", "StopEpisode", "act"]
 
@@ -112,17 +112,22 @@ class ChatCompletionsPolicy:
         try:
             async with self._client.post(self._url, json=body) as reply:
                 if reply.status != 200:
-                    text = (await reply.text())[:300]
-                    raise BadGatewayError(f"model server replied {reply.status}: {text}")
-                data = await reply.json()
-        except aiohttp.ClientError as exc:
-            raise BadGatewayError(f"model server at {self._url} failed: {exc}") from exc
+                    # The status only: the reply's bytes may be any local service's (issue 33).
+                    raise BadGatewayError(f"model server {self._url} replied {reply.status}")
+                data = await reply.json(content_type=None)
+        except ValueError:
+            raise BadUpstreamError(f"model server {self._url}: the reply is not JSON") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise BadGatewayError(f"model server at {self._url} failed: {exc!r}") from exc
         try:
             message = data["choices"][0]["message"]
             call = message["tool_calls"][0]
             action = json.loads(call["function"]["arguments"])["action"]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise BadGatewayError(f"model reply has no step tool call: {exc!r}") from exc
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise BadUpstreamError(
+                f"model server {self._url}: the reply has no field "
+                "choices[0].message.tool_calls[0].function.arguments.action"
+            ) from None
         self.messages.append(message)
         self._last_call_id = call.get("id", "call")
         return action

@@ -19,8 +19,12 @@ Signals to the supervisor:
   target afresh) starts; once it serves, the old generation drains.
 - SIGTTIN: one worker more. SIGTTOU: one worker fewer, drained (never below one).
 
-Workers watch their supervisor: if it dies (SIGKILL), they shut down within
-about a second rather than serve on as orphans. A worker that dies or stops
+Workers die with their supervisor: each sets ``PR_SET_PDEATHSIG`` (SIGKILL)
+as it starts (`gym_sessions.server.parent_death`), so a supervisor's SIGKILL
+takes every worker with it at once, on a busy machine too, and with them the
+multiprocessing resource tracker (its pipe's last writers). Off Linux, a
+worker polls its parent from the event loop's tick and shuts down within
+about a second. A worker that dies or stops
 answering the health check is replaced by a worker of this kind too (uvicorn's
 own loop would start its plain one, which neither drains nor takes handed-over
 connections).
@@ -41,6 +45,8 @@ from typing import Any
 from uvicorn import Server
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+from gym_sessions.server.parent_death import die_with_parent
 
 __all__ = ["DRAIN_SIGNAL", "DrainableServer", "Supervisor"]
 
@@ -158,7 +164,16 @@ def worker_app(app: Any) -> Any:
 
 
 class _WorkerProcess(Process):
-    """uvicorn's worker process, serving with a `DrainableServer`."""
+    """uvicorn's worker process, serving with a `DrainableServer`, dying with its supervisor."""
+
+    def __init__(self, config: Any, sockets: list[Any]) -> None:
+        # Read here, in the supervisor: the worker compares its parent with it.
+        self.supervisor_pid = os.getpid()
+        super().__init__(config, sockets)
+
+    def target(self, sockets: list[Any] | None = None) -> None:
+        die_with_parent(self.supervisor_pid)
+        super().target(sockets)
 
     @property
     def server(self) -> Server:

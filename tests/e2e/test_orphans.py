@@ -1,0 +1,96 @@
+"""No orphans: a SIGKILLed supervisor takes every process it started with it.
+
+Workers, multiprocessing's resource tracker and anything they started must be
+gone within 2 s of the supervisor's SIGKILL, even with the machine's cores
+busy (two busy-loop processes beside the server, as the probe of issue 33
+ran it: there, workers used to serve on for 10-30 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gym_sessions.server.process import start_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+COUNTER = "envs.counter:CounterEnv"
+#: Supervisor kills in the test; ``GS_ORPHAN_ROUNDS`` lowers it for a quick look.
+ROUNDS = int(os.environ.get("GS_ORPHAN_ROUNDS", "50"))
+#: The bound of issue 33, from the kill to the last descendant gone.
+BOUND_SECONDS = 2.0
+_BUSY_LOOP = "import time\nend = time.monotonic() + 1800\nwhile time.monotonic() < end: pass\n"
+
+
+def _parents() -> dict[int, int]:
+    """Every live (not zombie) process's parent, from ``/proc``."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def _descendants(root: int) -> set[int]:
+    parents = _parents()
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    live = set(_parents())
+    return pids & live
+
+
+@pytest.fixture
+def busy_machine() -> Iterator[None]:
+    """Two busy-loop processes (bounded to 30 min), stopped by the test's teardown."""
+    loops = [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP]) for _ in range(2)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait(10)
+
+
+def test_no_supervisor_sigkill_leaves_a_process_alive_on_a_busy_machine(busy_machine, short_tmp):
+    survivors: list[tuple[int, set[int]]] = []
+    for round_ in range(ROUNDS):
+        server = start_server(
+            COUNTER, workers=4, tmpdir=os.path.join(short_tmp, f"r{round_}"), ready_timeout=120
+        )
+        try:
+            descendants = _descendants(server.process.pid)
+            assert len(server.worker_pids()) == 4
+            os.kill(server.process.pid, signal.SIGKILL)
+            server.process.wait(10)
+            deadline = time.monotonic() + BOUND_SECONDS
+            while _alive(descendants) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            left = _alive(descendants)
+            if left:
+                survivors.append((round_, left))
+                for pid in left:  # never leave them running past the test
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            server.stop()
+    assert not survivors, f"{len(survivors)} of {ROUNDS} kills left processes alive: {survivors}"
