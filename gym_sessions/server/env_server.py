@@ -281,7 +281,9 @@ class GymEnvServer(ResourcesServer):
     def _new_env(self, render_mode: Any) -> gym.Env:
         if render_mode is None:
             return _call_env("__init__", self.env_factory)
-        if not isinstance(render_mode, str) or render_mode not in self.render_modes:
+        # As gymnasium.make: an env that declares no render modes is asked for any.
+        declared = not self.render_modes or render_mode in self.render_modes
+        if not isinstance(render_mode, str) or not declared:
             raise InvalidRequestError(
                 f"render_mode must be one of the env's render modes {self.render_modes}, "
                 f"not {render_mode!r}"
@@ -423,7 +425,7 @@ def _length(header: bytes) -> int:
 def _spec_json(env: gym.Env, name: str) -> dict[str, Any]:
     spec = env.spec
     if spec is None:
-        return {"id": name}
+        return {"id": name, "max_episode_steps": None, "reward_threshold": None}
     return {
         "id": spec.id,
         "max_episode_steps": spec.max_episode_steps,
