@@ -66,6 +66,7 @@ ENV_ATTRIBUTES = (
     "session_id",
     "worker",
     "np_random",
+    "np_random_seed",
 )
 
 
