@@ -45,7 +45,7 @@ from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.client.step_recovery import StepRecovery
 from gym_sessions.frames import decode_frame
 from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
-from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, EPISODE_LENGTH_HEADER
+from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, EPISODE_LENGTH_HEADER, PYTHON_INT_FIELD
 
 __all__ = [
     "HEALTH_REQUEST",
@@ -269,8 +269,14 @@ class RemoteEnvProtocol:
     def reset_reply(self, reply: Reply) -> tuple[Any, dict[str, Any]]:
         data = reply.json()
         self.episode_length = 0
+        return self._observation(data), data["info"]
+
+    def _observation(self, data: Mapping[str, Any]) -> Any:
+        """A reply's observation, decoded; a Python ``int`` where the served env gave one."""
         observation = value_from_json(self.description.observation_space, data["observation"])
-        return observation, data["info"]
+        if data.get(PYTHON_INT_FIELD) is True:
+            return int(observation)
+        return observation
 
     def step_recovery(self, action: Any) -> StepRecovery:
         """The requests of a step of ``action``, a lost reply included."""
@@ -291,7 +297,7 @@ class RemoteEnvProtocol:
         """A ``/step`` reply's (or ``/step_batch`` entry's) fields as Gymnasium's tuple."""
         self.episode_length += 1
         return (
-            value_from_json(self.description.observation_space, data["observation"]),
+            self._observation(data),
             data["reward"],
             data["terminated"],
             data["truncated"],

@@ -4,7 +4,8 @@ Written from Gymnasium's documented API (``VectorEnv``, ``SyncVectorEnv``,
 ``make``/``make_vec``, the core wrappers): each test runs the same thing on a
 remote env and on the same env run locally, and wants the same results
 (``data_equivalence``: values and types), or the documented error. Servers are
-shared per module: one CartPole-v1 and one `SpaceKindsEnv` (every space kind
+shared per module: one CartPole-v1, one FrozenLake-v1 (a Discrete observation
+the env returns as a Python ``int``) and one `SpaceKindsEnv` (every space kind
 of the codec), 4 workers each.
 """
 
@@ -34,6 +35,12 @@ MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLE
 @pytest.fixture(scope="module")
 def cartpole_url() -> Iterator[str]:
     with start_server("CartPole-v1", workers=4) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def frozen_lake_url() -> Iterator[str]:
+    with start_server("FrozenLake-v1", workers=4) as server:
         yield server.url
 
 
@@ -291,6 +298,37 @@ def test_vector_kwargs_with_gymnasiums_own_vector_envs(cartpole_url, vectorizati
         local.close()
     finally:
         envs.close()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_python_int_observations_stay_python_ints(frozen_lake_url, mode):
+    # FrozenLake returns int states; SAME_STEP's final_obs holds them as they were.
+    remote = gym.make_vec(REMOTE, num_envs=N, url=frozen_lake_url, autoreset_mode=mode)
+    local = SyncVectorEnv(
+        [lambda: gym.make("FrozenLake-v1") for _ in range(N)], autoreset_mode=mode
+    )
+    single = gym.make(REMOTE, url=frozen_lake_url)
+    try:
+        observation, _ = single.reset(seed=0)
+        assert type(observation) is int
+        assert_same(remote.reset(seed=5), local.reset(seed=5))
+        rng = np.random.default_rng(6)
+        ended = 0
+        for _ in range(40):
+            want = step_both(remote, local, rng.integers(0, 4, size=N))
+            done = np.logical_or(want[2], want[3])
+            ended += int(done.sum())
+            if mode == AutoresetMode.DISABLED and done.any():
+                mask = done.copy()
+                assert_same(
+                    remote.reset(options={"reset_mask": mask}),
+                    local.reset(options={"reset_mask": mask}),
+                )
+        assert ended > 0
+    finally:
+        single.close()
+        remote.close()
+        local.close()
 
 
 # Every space kind of the codec ------------------------------------------------------------
