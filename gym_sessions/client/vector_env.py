@@ -222,8 +222,10 @@ class RemoteVectorEnv(VectorEnv):
         >>> envs.unwrapped.workers  # the server worker holding each session
         >>> envs.close()
 
-    ``gymnasium.make_vec`` passes every keyword argument here (not through
-    ``vector_kwargs``): ``make_vec(id, num_envs=8, url=..., autoreset_mode="SameStep")``.
+    ``gymnasium.make_vec`` passes every keyword argument here; Gymnasium
+    refuses ``vector_kwargs`` for an env with a vector entry point (CartPole's
+    too), so: ``make_vec(id, num_envs=8, url=..., autoreset_mode="SameStep")``
+    (docs/clients.md).
 
     Left open, it closes its sessions when garbage-collected or at interpreter
     exit (all at once, at most about 2 s, never raising; see the module).
@@ -663,8 +665,25 @@ class RemoteVectorEnv(VectorEnv):
         return tuple(env.session_id for env in self.envs)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        """An attribute of every sub-env (`AsyncRemoteEnv`)."""
-        return tuple(getattr(env, name) for env in self.envs)
+        """An attribute of every sub-env's local proxy (`AsyncRemoteEnv`).
+
+        Raises:
+            AttributeError: The proxy has none: the served env's own
+                attributes (``gravity``, say) live on the server.
+        """
+        return tuple(_proxy_attribute(env, name) for env in self.envs)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Always refused: a value set on a local proxy would never reach the served env.
+
+        Raises:
+            AttributeError: Always; configure the served env with ``gym-sessions
+                serve ... --env-kwargs`` or reset options.
+        """
+        raise AttributeError(
+            f"cannot set {name!r} on remote sub-envs: the served env lives on the server; "
+            "configure it with `gym-sessions serve ... --env-kwargs '{...}'` or reset options"
+        )
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call a method of every sub-env, awaiting coroutine methods concurrently."""
@@ -679,7 +698,7 @@ class RemoteVectorEnv(VectorEnv):
             >>> envs.unwrapped.call_on([0, 2], "verify")  # /verify of sub-envs 0 and 2
         """
         chosen = list(indices)
-        results = [getattr(self.envs[i], name)(*args, **kwargs) for i in chosen]
+        results = [_proxy_attribute(self.envs[i], name)(*args, **kwargs) for i in chosen]
         pending = [(k, r) for k, r in enumerate(results) if asyncio.iscoroutine(r)]
         awaited = self._call_all([(chosen[k], r) for k, r in pending])
         for (k, _), value in zip(pending, awaited, strict=True):
@@ -690,6 +709,19 @@ class RemoteVectorEnv(VectorEnv):
         """Close every session (best effort, concurrently), then the event loop."""
         if self._close_at_exit.detach() is not None:
             _close_and_stop(self._loop, self.envs, timeout=None)
+
+
+def _proxy_attribute(env: AsyncRemoteEnv, name: str) -> Any:
+    """``env.name``, or an `AttributeError` that says where the served env's attributes are."""
+    try:
+        return getattr(env, name)
+    except AttributeError:
+        raise AttributeError(
+            f"remote sub-envs have no attribute {name!r}: the served env's own attributes "
+            "and methods live on the server, out of reach over HTTP (sub-envs have url, "
+            "render_mode, metadata, the spaces, session_id, worker, np_random, np_random_seed, "
+            "and the methods render and verify)"
+        ) from None
 
 
 def sub_env_info(infos: dict[str, Any], index: int) -> dict[str, Any]:

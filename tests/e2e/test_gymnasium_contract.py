@@ -255,8 +255,11 @@ def test_call_get_attr_set_attr(cartpole_url):
         spaces = envs.get_attr("action_space")
         assert all(space == gym.spaces.Discrete(2) for space in spaces)
         # The served env's own attributes stay on the server: say so.
-        with pytest.raises(AttributeError):
-            envs.get_attr("gravity")
+        for read in (lambda: envs.get_attr("gravity"), lambda: envs.call("gravity")):
+            with pytest.raises(AttributeError, match="live on the server"):
+                read()
+        with pytest.raises(AttributeError, match="served env lives on the server"):
+            envs.unwrapped.set_attr("gravity", [1.0] * N)
     finally:
         envs.close()
 
