@@ -7,6 +7,7 @@ server to learn them and neither side can drift from the other.
 __all__ = [
     "CLOSE_FOLLOWS_HEADER",
     "EPISODE_LENGTH_HEADER",
+    "PYTHON_INT_FIELD",
     "SESSION_COOKIE",
     "START_BESIDE_HEADER",
 ]
@@ -27,3 +28,8 @@ START_BESIDE_HEADER = "x-gym-start-beside"
 #: nothing changed): a send delayed in a hop that died, arriving after the client
 #: recovered its lost reply, can never run the step a second time.
 EPISODE_LENGTH_HEADER = "x-gym-episode-length"
+
+#: In a ``/reset``, ``/seed_session`` or ``/step`` reply (and a step batch result):
+#: ``true`` when the served env returned its Discrete observation as a Python
+#: ``int``, which the client then gives back instead of a numpy integer.
+PYTHON_INT_FIELD = "observation_python_int"

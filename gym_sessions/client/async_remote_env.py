@@ -95,6 +95,7 @@ class AsyncRemoteEnv:
         )
         self._protocol: RemoteEnvProtocol | None = None
         self._np_random: np.random.Generator | None = None
+        self._np_random_seed: int | None = None
         self._close_at_exit = close_at_exit
         #: Another env whose connection this env's sessions start over (`RemoteVectorEnv`
         #: sets it: sessions started over one connection are held by one worker,
@@ -154,8 +155,15 @@ class AsyncRemoteEnv:
     def np_random(self) -> np.random.Generator:
         """A generator seeded by ``reset(seed=...)``, as `gymnasium.Env.np_random`."""
         if self._np_random is None:
-            self._np_random, _ = seeding.np_random()
+            self._np_random, self._np_random_seed = seeding.np_random()
         return self._np_random
+
+    @property
+    def np_random_seed(self) -> int:
+        """The seed of `np_random` (a random one until ``reset(seed=...)``), as Gymnasium's."""
+        if self._np_random_seed is None:
+            self._np_random, self._np_random_seed = seeding.np_random()
+        return self._np_random_seed
 
     @property
     def starts_beside_leader(self) -> bool:
@@ -171,7 +179,7 @@ class AsyncRemoteEnv:
         """Start (or restart) the session's episode; returns observation and info."""
         protocol = self.protocol
         if seed is not None:
-            self._np_random, _ = seeding.np_random(seed)
+            self._np_random, self._np_random_seed = seeding.np_random(seed)
         # A session's first start picks its worker; later resets reach it anyway.
         first_start = protocol.closed or not protocol.started
         request = protocol.reset_request(seed, options)

@@ -30,6 +30,7 @@ key, since the server refuses a closed id for its window (409 session_closed).
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import threading
 import uuid
@@ -38,15 +39,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
 
 from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.client.step_recovery import StepRecovery
 from gym_sessions.frames import decode_frame
 from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
-from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, EPISODE_LENGTH_HEADER
+from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, EPISODE_LENGTH_HEADER, PYTHON_INT_FIELD
 
 __all__ = [
     "HEALTH_REQUEST",
+    "LIST_SUFFIX",
     "SPACES_REQUEST",
     "WIRE_RENDER_MODES",
     "EnvDescription",
@@ -64,6 +67,9 @@ __all__ = [
 #: on the server's machine; ``gymnasium.make(..., render_mode="human")`` shows the
 #: ``rgb_array`` frames locally instead (and ``*_list`` modes collect them locally).
 WIRE_RENDER_MODES = ("rgb_array", "depth_array", "ansi")
+
+#: A render mode ending so (``rgb_array_list``) collects its base mode's frames on the client.
+LIST_SUFFIX = "_list"
 
 
 SPACES_REQUEST = Request("GET", "/spaces", resendable=True)
@@ -129,7 +135,9 @@ class EnvDescription:
         action_space: The env's action space.
         metadata: The env's metadata; ``render_modes`` keeps only the modes a
             client can receive (`WIRE_RENDER_MODES`).
-        spec: The server's spec summary (``id``, ``max_episode_steps``, ...).
+        spec: The server's spec summary (``id``, ``max_episode_steps``,
+            ``reward_threshold``, ``nondeterministic``; `local_spec` puts them
+            on the client's ``env.spec``).
         step_batch: The server's step batch route (``{"path", "max_entries"}``),
             or ``None`` when it offers none (an older server).
     """
@@ -139,6 +147,8 @@ class EnvDescription:
     metadata: dict[str, Any]
     spec: dict[str, Any]
     step_batch: dict[str, Any] | None = None
+    #: The served env declares no render modes (so, as ``gymnasium.make``, any mode is tried).
+    render_modes_undeclared: bool = False
 
     @classmethod
     def from_json(cls, reply: Mapping[str, Any]) -> EnvDescription:
@@ -151,11 +161,37 @@ class EnvDescription:
             metadata,
             dict(reply.get("spec") or {}),
             _step_batch(reply.get("step_batch")),
+            render_modes_undeclared=not served,
         )
 
+    def local_spec(self, spec: EnvSpec | None) -> EnvSpec | None:
+        """``spec`` (the client's, from ``gymnasium.make``) with the served env's episode limits.
+
+        The served env's ``max_episode_steps`` and ``reward_threshold`` fill
+        the ones ``spec`` leaves unset, so wrappers that read them
+        (``TimeAwareObservation``, say) see the served env's. The served env
+        truncates its episodes itself; a ``TimeLimit`` that ``gymnasium.make``
+        builds from this spec again cuts at the same step.
+        """
+        if spec is None:
+            return None
+        limits = {
+            field: self.spec[field]
+            for field in ("max_episode_steps", "reward_threshold")
+            if getattr(spec, field) is None and self.spec.get(field) is not None
+        }
+        return dataclasses.replace(spec, **limits) if limits else spec
+
     def check_render_mode(self, render_mode: str | None) -> None:
-        """Raise `ValueError` unless ``render_mode`` is ``None`` or one this env offers."""
+        """Raise `ValueError` unless ``render_mode`` is ``None`` or one this env offers.
+
+        A served env that declares no render modes may be asked for any mode
+        that travels over HTTP, as ``gymnasium.make`` passes any mode to an env
+        that declares none.
+        """
         modes = self.metadata["render_modes"]
+        if self.render_modes_undeclared:
+            modes = list(WIRE_RENDER_MODES)
         if render_mode is not None and render_mode not in modes:
             hint = (
                 " (for a window, make the env with render_mode='human': gymnasium.make shows "
@@ -233,8 +269,14 @@ class RemoteEnvProtocol:
     def reset_reply(self, reply: Reply) -> tuple[Any, dict[str, Any]]:
         data = reply.json()
         self.episode_length = 0
+        return self._observation(data), data["info"]
+
+    def _observation(self, data: Mapping[str, Any]) -> Any:
+        """A reply's observation, decoded; a Python ``int`` where the served env gave one."""
         observation = value_from_json(self.description.observation_space, data["observation"])
-        return observation, data["info"]
+        if data.get(PYTHON_INT_FIELD) is True:
+            return int(observation)
+        return observation
 
     def step_recovery(self, action: Any) -> StepRecovery:
         """The requests of a step of ``action``, a lost reply included."""
@@ -255,7 +297,7 @@ class RemoteEnvProtocol:
         """A ``/step`` reply's (or ``/step_batch`` entry's) fields as Gymnasium's tuple."""
         self.episode_length += 1
         return (
-            value_from_json(self.description.observation_space, data["observation"]),
+            self._observation(data),
             data["reward"],
             data["terminated"],
             data["truncated"],

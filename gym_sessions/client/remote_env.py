@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
 
 from gym_sessions.client.http import HTTPClient
 from gym_sessions.client.lifecycle import close_at_exit
@@ -60,6 +61,7 @@ class RemoteEnv(gym.Env):
     # What gymnasium.make checks a requested render_mode against before the
     # instance exists; the instance narrows it to what the served env offers.
     metadata: dict[str, Any] = {"render_modes": list(WIRE_RENDER_MODES)}
+    _spec: EnvSpec | None = None
 
     def __init__(
         self,
@@ -85,6 +87,20 @@ class RemoteEnv(gym.Env):
         self.metadata = description.metadata
         self.render_mode = render_mode
         close_at_exit(self, self._http, self._protocol, self._http.close)
+
+    @property
+    def spec(self) -> EnvSpec | None:
+        """The spec ``gymnasium.make`` gave, with the served env's episode limits.
+
+        ``max_episode_steps`` and ``reward_threshold`` are the served env's
+        unless the spec sets them (`EnvDescription.local_spec`); ``None`` for
+        an env made without ``gymnasium.make``, as for a local env.
+        """
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: EnvSpec | None) -> None:
+        self._spec = self._protocol.description.local_spec(spec)
 
     @property
     def session_id(self) -> str:

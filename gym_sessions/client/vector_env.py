@@ -43,13 +43,15 @@ from copy import deepcopy
 from typing import Any, TypeVar
 
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
-from gym_sessions.client.protocol import EnvDescription
+from gym_sessions.client.protocol import LIST_SUFFIX, EnvDescription
 from gym_sessions.client.step_batch import StepBatch
 from gym_sessions.errors import SessionGoneError
+from gym_sessions.spaces.values import space_contains
 
 __all__ = ["RemoteVectorEnv", "sub_env_info"]
 
@@ -220,8 +222,10 @@ class RemoteVectorEnv(VectorEnv):
         >>> envs.unwrapped.workers  # the server worker holding each session
         >>> envs.close()
 
-    ``gymnasium.make_vec`` passes every keyword argument here (not through
-    ``vector_kwargs``): ``make_vec(id, num_envs=8, url=..., autoreset_mode="SameStep")``.
+    ``gymnasium.make_vec`` passes every keyword argument here; Gymnasium
+    refuses ``vector_kwargs`` for an env with a vector entry point (CartPole's
+    too), so: ``make_vec(id, num_envs=8, url=..., autoreset_mode="SameStep")``
+    (docs/clients.md).
 
     Left open, it closes its sessions when garbage-collected or at interpreter
     exit (all at once, at most about 2 s, never raising; see the module).
@@ -230,6 +234,10 @@ class RemoteVectorEnv(VectorEnv):
         num_envs: Number of sessions.
         url: The server's base URL.
         render_mode: As for `RemoteEnv`; `render` returns one frame per sub-env.
+            A ``*_list`` mode (``rgb_array_list``) sessions render in the base
+            mode after every reset and step, and `render` returns each
+            sub-env's frames since its last `render` or reset, as
+            ``gymnasium.make``'s ``RenderCollection`` collects them.
         timeout: Seconds to wait for each reply.
         retries: Resends of a request that is safe to resend after a lost reply.
         headers: Extra headers sent with every request of every sub-env (an
@@ -274,6 +282,11 @@ class RemoteVectorEnv(VectorEnv):
         self.num_envs = num_envs
         self.url = url
         self.render_mode = render_mode
+        #: Frames of each sub-env since its last render or reset (``*_list`` modes only).
+        self._frames: list[list[Any]] | None = None
+        if render_mode is not None and render_mode.endswith(LIST_SUFFIX):
+            render_mode = render_mode[: -len(LIST_SUFFIX)]
+            self._frames = [[] for _ in range(num_envs)]
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.max_episode_steps = max_episode_steps
         self.copy = copy
@@ -304,6 +317,7 @@ class RemoteVectorEnv(VectorEnv):
             self._start_in_group(i)
 
         self.metadata = {**self.description.metadata, "autoreset_mode": self.autoreset_mode}
+        self._spec: EnvSpec | None = None
         self.single_observation_space = self.description.observation_space
         self.single_action_space = self.description.action_space
         self.observation_space = batch_space(self.single_observation_space, num_envs)
@@ -329,6 +343,32 @@ class RemoteVectorEnv(VectorEnv):
         leader = i - i % self.batch_group_size
         if self.step_batch is not None and leader != i:
             self.envs[i].starts_over = self.envs[leader]
+
+    @property
+    def spec(self) -> EnvSpec | None:
+        """The spec ``gymnasium.make_vec`` gave, with the served env's episode limits.
+
+        As `RemoteEnv.spec` (`EnvDescription.local_spec`).
+        """
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: EnvSpec | None) -> None:
+        self._spec = self.description.local_spec(spec)
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """Each sub-env's seed (``(42, 43, ...)`` after ``reset(seed=42)``), as in Sync."""
+        return tuple(env.np_random_seed for env in self.envs)
+
+    @property  # type: ignore[override]
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """Each sub-env's generator, seeded by ``reset(seed=...)``, as ``SyncVectorEnv``."""
+        return tuple(env.np_random for env in self.envs)
+
+    @np_random.setter
+    def np_random(self, value: Any) -> None:
+        raise AttributeError("a vector env's generators are its sub-envs': seed them by reset")
 
     # Sub-env calls ---------------------------------------------------------------------------
 
@@ -375,7 +415,6 @@ class RemoteVectorEnv(VectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every sub-env (or those in ``options["reset_mask"]``), as ``SyncVectorEnv``."""
         if isinstance(seed, int):
-            super().reset(seed=seed)
             seeds: list[int | None] = [seed + i for i in range(self.num_envs)]
         else:
             seeds = [None] * self.num_envs if seed is None else list(seed)
@@ -408,6 +447,7 @@ class RemoteVectorEnv(VectorEnv):
             observation, info = replies[i]
             self._env_obs[i] = observation
             infos = self._add_info(infos, info, i)
+        self._collect_frames(indices, restarted=indices)
         return self._batched_observations(), infos
 
     def _replace_lost(self, indices: list[int]) -> None:
@@ -432,11 +472,19 @@ class RemoteVectorEnv(VectorEnv):
                 f"sub-envs {ended} have ended and autoreset is disabled: reset them with "
                 "reset(options={'reset_mask': mask})"
             )
+        sub_env_actions = self._sub_env_actions(actions)
+        restarted = [
+            i
+            for i in range(self.num_envs)
+            if mode == AutoresetMode.NEXT_STEP and self._autoreset_envs[i]
+        ]
         if self.step_batch is not None and self.num_envs > 1:
-            results = self._checked(range(self.num_envs), self._loop.run(self._batched(actions)))
+            results = self._checked(
+                range(self.num_envs), self._loop.run(self._batched(sub_env_actions))
+            )
         else:
             calls: list[tuple[int, Awaitable[Any]]] = []
-            for i, action in enumerate(iterate(self.action_space, actions)):
+            for i, action in enumerate(sub_env_actions):
                 env = self.envs[i]
                 if mode == AutoresetMode.NEXT_STEP and self._autoreset_envs[i]:
                     calls.append((i, env.reset()))
@@ -460,6 +508,7 @@ class RemoteVectorEnv(VectorEnv):
                 (observation, reward, terminated, truncated, info), restart = result
                 self._record_step(i, observation, reward, terminated, truncated)
                 if restart is not None:
+                    restarted.append(i)
                     final = {"final_obs": self._env_obs[i], "final_info": info}
                     infos = self._add_info(infos, final, i)
                     self._env_obs[i], info = restart
@@ -469,6 +518,7 @@ class RemoteVectorEnv(VectorEnv):
                 info = result[4]
             infos = self._add_info(infos, info, i)
         self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        self._collect_frames(range(self.num_envs), restarted=restarted)
         return (
             self._batched_observations(),
             np.copy(self._rewards),
@@ -477,7 +527,38 @@ class RemoteVectorEnv(VectorEnv):
             infos,
         )
 
-    async def _batched(self, actions: Any) -> list[Any]:
+    def _sub_env_actions(self, actions: Any) -> list[Any]:
+        """Each sub-env's action of the batch ``actions``, all checked before any is sent.
+
+        Raises:
+            ValueError: ``actions`` holds another number of actions than
+                ``num_envs``, or one outside ``single_action_space`` (its
+                ``env_index`` names the first such sub-env). Nothing was sent:
+                the vector env steps on as before.
+        """
+        try:
+            split = list(iterate(self.action_space, actions))
+        except (TypeError, IndexError, KeyError, ValueError) as exc:
+            raise ValueError(
+                f"actions must be a batch of {self.num_envs} actions of "
+                f"{self.single_action_space} (an element of action_space), "
+                f"got {type(actions).__name__}: {exc}"
+            ) from exc
+        if len(split) != self.num_envs:
+            raise ValueError(
+                f"actions must hold one action per sub-env ({self.num_envs}), got {len(split)}"
+            )
+        for i, action in enumerate(split):
+            if not space_contains(self.single_action_space, action):
+                error = ValueError(
+                    f"the action of sub-env {i}, {action!r}, is outside the action space "
+                    f"{self.single_action_space}; no sub-env stepped"
+                )
+                error.env_index = i  # type: ignore[attr-defined]
+                raise error
+        return split
+
+    async def _batched(self, sub_env_actions: list[Any]) -> list[Any]:
         """One vector step through the step batches: each sub-env's result, as `step` reads them.
 
         The same results as the per-sub-env calls of `step`: NEXT_STEP resets
@@ -491,11 +572,7 @@ class RemoteVectorEnv(VectorEnv):
             if mode == AutoresetMode.NEXT_STEP
             else []
         )
-        stepping = {
-            i: action
-            for i, action in enumerate(iterate(self.action_space, actions))
-            if i not in resetting
-        }
+        stepping = {i: action for i, action in enumerate(sub_env_actions) if i not in resetting}
         batch = StepBatch(
             self.envs, stepping, self.step_batch["path"], self.step_batch["max_entries"]
         )
@@ -553,8 +630,27 @@ class RemoteVectorEnv(VectorEnv):
         return deepcopy(self._observations) if self.copy else self._observations
 
     def render(self) -> tuple[Any, ...]:
-        """One frame per sub-env, fetched concurrently."""
+        """One frame per sub-env, fetched concurrently (``None`` each without a render mode).
+
+        In a ``*_list`` mode: each sub-env's list of frames since its last
+        `render` or reset, emptied, as ``SyncVectorEnv`` of ``RenderCollection`` envs.
+        """
+        if self._frames is not None:
+            frames = tuple(self._frames)
+            self._frames = [[] for _ in range(self.num_envs)]
+            return frames
         return tuple(self._call_all([(i, env.render()) for i, env in enumerate(self.envs)]))
+
+    def _collect_frames(self, indices: Iterable[int], restarted: Sequence[int]) -> None:
+        """``*_list`` modes: each sub-env's frame after a reset or step (a reset drops older)."""
+        if self._frames is None:
+            return
+        chosen = list(indices)
+        frames = self._call_all([(i, self.envs[i].render()) for i in chosen])
+        for i, frame in zip(chosen, frames, strict=True):
+            if i in restarted:
+                self._frames[i] = []
+            self._frames[i].append(frame)
 
     # Sub-env attributes ------------------------------------------------------------------------
 
@@ -569,8 +665,25 @@ class RemoteVectorEnv(VectorEnv):
         return tuple(env.session_id for env in self.envs)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        """An attribute of every sub-env (`AsyncRemoteEnv`)."""
-        return tuple(getattr(env, name) for env in self.envs)
+        """An attribute of every sub-env's local proxy (`AsyncRemoteEnv`).
+
+        Raises:
+            AttributeError: The proxy has none: the served env's own
+                attributes (``gravity``, say) live on the server.
+        """
+        return tuple(_proxy_attribute(env, name) for env in self.envs)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Always refused: a value set on a local proxy would never reach the served env.
+
+        Raises:
+            AttributeError: Always; configure the served env with ``gym-sessions
+                serve ... --env-kwargs`` or reset options.
+        """
+        raise AttributeError(
+            f"cannot set {name!r} on remote sub-envs: the served env lives on the server; "
+            "configure it with `gym-sessions serve ... --env-kwargs '{...}'` or reset options"
+        )
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call a method of every sub-env, awaiting coroutine methods concurrently."""
@@ -585,7 +698,7 @@ class RemoteVectorEnv(VectorEnv):
             >>> envs.unwrapped.call_on([0, 2], "verify")  # /verify of sub-envs 0 and 2
         """
         chosen = list(indices)
-        results = [getattr(self.envs[i], name)(*args, **kwargs) for i in chosen]
+        results = [_proxy_attribute(self.envs[i], name)(*args, **kwargs) for i in chosen]
         pending = [(k, r) for k, r in enumerate(results) if asyncio.iscoroutine(r)]
         awaited = self._call_all([(chosen[k], r) for k, r in pending])
         for (k, _), value in zip(pending, awaited, strict=True):
@@ -596,6 +709,19 @@ class RemoteVectorEnv(VectorEnv):
         """Close every session (best effort, concurrently), then the event loop."""
         if self._close_at_exit.detach() is not None:
             _close_and_stop(self._loop, self.envs, timeout=None)
+
+
+def _proxy_attribute(env: AsyncRemoteEnv, name: str) -> Any:
+    """``env.name``, or an `AttributeError` that says where the served env's attributes are."""
+    try:
+        return getattr(env, name)
+    except AttributeError:
+        raise AttributeError(
+            f"remote sub-envs have no attribute {name!r}: the served env's own attributes "
+            "and methods live on the server, out of reach over HTTP (sub-envs have url, "
+            "render_mode, metadata, the spaces, session_id, worker, np_random, np_random_seed, "
+            "and the methods render and verify)"
+        ) from None
 
 
 def sub_env_info(infos: dict[str, Any], index: int) -> dict[str, Any]:

@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import Wrapper
+from gymnasium import Wrapper, spaces
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 from gym_sessions.client.vector_env import RemoteVectorEnv, sub_env_info
 
@@ -65,6 +66,7 @@ ENV_ATTRIBUTES = (
     "session_id",
     "worker",
     "np_random",
+    "np_random_seed",
 )
 
 
@@ -184,7 +186,9 @@ class RemoteVecEnv(VecEnv):
         if self._actions is None:
             raise RuntimeError("call step_async(actions) before step_wait()")
         actions, self._actions = self._actions, None
-        observations, rewards, terminations, truncations, infos = self.vector.step(actions)
+        observations, rewards, terminations, truncations, infos = self.vector.step(
+            self._batched_actions(actions)
+        )
         dones = np.logical_or(terminations, truncations)
         step_infos: list[dict[str, Any]] = []
         for i in range(self.num_envs):
@@ -203,6 +207,28 @@ class RemoteVecEnv(VecEnv):
             step_infos.append(info)
         # SB3 buffers rewards as float32 (DummyVecEnv does too).
         return observations, rewards.astype(np.float32), dones, step_infos
+
+    def _batched_actions(self, actions: Any) -> Any:
+        """SB3's actions (``actions[i]`` is sub-env ``i``'s) as a Gymnasium batch.
+
+        An array of a Box, Discrete, MultiDiscrete or MultiBinary space already
+        is one; a list (of Dict or Tuple actions, as ``DummyVecEnv`` takes)
+        is batched by the space.
+
+        Raises:
+            ValueError: Another number of actions than ``num_envs``.
+        """
+        space = self.action_space
+        if isinstance(actions, np.ndarray) and not isinstance(space, spaces.Dict | spaces.Tuple):
+            return actions
+        if isinstance(actions, dict) and isinstance(space, spaces.Dict):
+            return actions  # already batched per key, as a Gymnasium vector env takes them
+        if len(actions) != self.num_envs:
+            raise ValueError(
+                f"step_async needs one action per sub-env ({self.num_envs}), got {len(actions)}"
+            )
+        batch: Any = create_empty_array(space, self.num_envs)
+        return concatenate(space, [actions[i] for i in range(self.num_envs)], batch)
 
     def close(self) -> None:
         """Close every remote session (concurrently) and the vector env's event loop thread."""

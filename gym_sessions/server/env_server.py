@@ -48,7 +48,7 @@ from gym_sessions.spaces import (
     value_to_json,
 )
 from gym_sessions.spaces.values import space_contains, to_jsonable
-from gym_sessions.wire import EPISODE_LENGTH_HEADER
+from gym_sessions.wire import EPISODE_LENGTH_HEADER, PYTHON_INT_FIELD
 
 __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
 
@@ -281,7 +281,9 @@ class GymEnvServer(ResourcesServer):
     def _new_env(self, render_mode: Any) -> gym.Env:
         if render_mode is None:
             return _call_env("__init__", self.env_factory)
-        if not isinstance(render_mode, str) or render_mode not in self.render_modes:
+        # As gymnasium.make: an env that declares no render modes is asked for any.
+        declared = not self.render_modes or render_mode in self.render_modes
+        if not isinstance(render_mode, str) or not declared:
             raise InvalidRequestError(
                 f"render_mode must be one of the env's render modes {self.render_modes}, "
                 f"not {render_mode!r}"
@@ -308,7 +310,11 @@ class GymEnvServer(ResourcesServer):
         state.episode_open = True
         state.episode_return, state.episode_length = 0.0, 0
         state.observation = value_to_json(self.observation_space, observation)
-        return {"observation": state.observation, "info": to_jsonable(info)}
+        return {
+            "observation": state.observation,
+            "info": to_jsonable(info),
+            **python_int_marker(self.observation_space, observation),
+        }
 
     def _open_episode(self, request: Request) -> _ServedEnv:
         return self._open_episode_of(session_id(request))
@@ -376,6 +382,7 @@ class GymEnvServer(ResourcesServer):
             "terminated": bool(terminated),
             "truncated": bool(truncated),
             "info": to_jsonable(info),
+            **python_int_marker(self.observation_space, observation),
         }
 
     async def verify_session(self, session_id: str, body: dict[str, Any]) -> dict:
@@ -420,10 +427,22 @@ def _length(header: bytes) -> int:
     return int(header)
 
 
+def python_int_marker(space: gym.Space[Any], observation: Any) -> dict[str, Any]:
+    """``{"observation_python_int": True}`` when a Discrete observation is a Python ``int``.
+
+    JSON carries a Discrete value as a number either way and the client
+    decodes it as a numpy integer; the marker lets it give back the ``int``
+    the served env returned (as a local ``SyncVectorEnv``'s ``final_obs`` holds it).
+    """
+    if type(observation) is int and isinstance(space, gym.spaces.Discrete):
+        return {PYTHON_INT_FIELD: True}
+    return {}
+
+
 def _spec_json(env: gym.Env, name: str) -> dict[str, Any]:
     spec = env.spec
     if spec is None:
-        return {"id": name}
+        return {"id": name, "max_episode_steps": None, "reward_threshold": None}
     return {
         "id": spec.id,
         "max_episode_steps": spec.max_episode_steps,
