@@ -58,6 +58,7 @@ from gym_sessions.errors import (
     StartupError,
     StatusError,
     StepOutOfOrderError,
+    ToolError,
 )
 
 try:
@@ -99,6 +100,7 @@ __all__ = [
     "StartupError",
     "StatusError",
     "StepOutOfOrderError",
+    "ToolError",
     "__version__",
     "register_envs",
     "run_episodes",
