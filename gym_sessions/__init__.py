@@ -59,6 +59,7 @@ from gym_sessions.errors import (
     StartupError,
     StatusError,
     StepOutOfOrderError,
+    ToolError,
 )
 
 try:
@@ -101,6 +102,7 @@ __all__ = [
     "StartupError",
     "StatusError",
     "StepOutOfOrderError",
+    "ToolError",
     "__version__",
     "register_envs",
     "run_episodes",

@@ -6,6 +6,7 @@
      ├── ConnectionLostError        the connection broke before the reply arrived
      ├── ReplyTimeoutError          no reply within the client's timeout
      ├── StatusError                ``gym-sessions status`` cannot read ``/metrics``
+     ├── ToolError                  an MCP tool ran and reported a failure (``isError``)
      └── HTTPError                  an error with a status and a JSON body
           ├── InvalidRequestError       400 invalid_request
           │    ├── InvalidJSONError     400 invalid_json
@@ -72,6 +73,7 @@ __all__ = [
     "StartupError",
     "StatusError",
     "StepOutOfOrderError",
+    "ToolError",
     "error_body",
     "error_from_body",
     "error_headers",
@@ -118,6 +120,11 @@ class ReplyTimeoutError(GymSessionsError, TimeoutError):
     def __init__(self, url: str, what: str, timeout: float) -> None:
         super().__init__(f"no reply to {what} from {url} within {timeout:g} s")
         self.url = url
+
+
+class ToolError(GymSessionsError):
+    """An MCP tool call ran and its result says it failed (``isError``: an action outside
+    the space, no open episode); the message is the tool's own text."""
 
 
 class HTTPError(GymSessionsError):
@@ -300,7 +307,8 @@ def jsonrpc_error_body(error: HTTPError, request_id: object = None) -> bytes:
 def error_from_body(status: int, body: bytes) -> HTTPError:
     """The exception a client raises for an error reply with ``status`` and ``body``.
 
-    A body in the framework's format maps by its code; any other error reply
+    A body in the framework's format (or its JSON-RPC form, `jsonrpc_error_body`)
+    maps by its code; any other error reply
     (a proxy's HTML page, say) maps to the generic class for its status.
     """
     code, message = None, body[:500].decode("utf-8", "replace") or f"HTTP {status}"
@@ -308,6 +316,8 @@ def error_from_body(status: int, body: bytes) -> HTTPError:
         parsed: Any = json.loads(body)
         code = parsed["error"]["code"]
         message = str(parsed["error"]["message"])
+        if "jsonrpc" in parsed:  # a JSON-RPC error object names the code in its data
+            code = parsed["error"]["data"]["code"]
     except (ValueError, TypeError, KeyError):
         pass
     cls = _BY_CODE.get(code) if isinstance(code, str) else None

@@ -23,21 +23,33 @@ import contextlib
 import os
 import weakref
 from collections.abc import Callable
+from typing import Protocol
 
-from gym_sessions.client.exchange import HTTPClientBase
+from gym_sessions.client.exchange import HTTPClientBase, Request
 from gym_sessions.client.http import HTTPClient
-from gym_sessions.client.protocol import RemoteEnvProtocol
 
-__all__ = ["EXIT_CLOSE_TIMEOUT_SECONDS", "close_at_exit", "close_session_quietly"]
+__all__ = [
+    "EXIT_CLOSE_TIMEOUT_SECONDS",
+    "ClosableSession",
+    "close_at_exit",
+    "close_session_quietly",
+]
 
 #: Seconds to wait for the connect, and again for the reply, of a close at exit.
 EXIT_CLOSE_TIMEOUT_SECONDS = 1.0
 
 
+class ClosableSession(Protocol):
+    """A client's session state: `RemoteEnvProtocol`, or the TRL adapter's session."""
+
+    def claim_close(self) -> Request | None:
+        """Mark the session closed; its close request the first time, if it started."""
+
+
 def close_at_exit(
     env: object,
     http: HTTPClientBase,
-    protocol: RemoteEnvProtocol,
+    protocol: ClosableSession,
     release: Callable[[], None],
 ) -> weakref.finalize:
     """Close ``protocol``'s session and call ``release`` when ``env`` is collected or at exit.
@@ -56,7 +68,7 @@ def close_at_exit(
 
 
 def _close_abandoned(
-    pid: int, http: HTTPClientBase, protocol: RemoteEnvProtocol, release: Callable[[], None]
+    pid: int, http: HTTPClientBase, protocol: ClosableSession, release: Callable[[], None]
 ) -> None:
     if os.getpid() != pid:
         return  # a forked child holds a copy of its parent's env: not its session to close
@@ -66,7 +78,7 @@ def _close_abandoned(
         release()
 
 
-def close_session_quietly(http: HTTPClientBase, protocol: RemoteEnvProtocol) -> None:
+def close_session_quietly(http: HTTPClientBase, protocol: ClosableSession) -> None:
     """Close the session over a new blocking connection with a short timeout, unless already closed.
 
     Raises:
@@ -82,6 +94,7 @@ def close_session_quietly(http: HTTPClientBase, protocol: RemoteEnvProtocol) -> 
         retries=0,
         cookie_name=http.cookie_name,
         headers=http.headers,
+        ssl_context=http.ssl_context if isinstance(http, HTTPClient) else None,
     )
     client.cookie = http.cookie
     try:
