@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv demo test lint typecheck clean
+.PHONY: venv demo test lint typecheck clean image base-image
 
 venv: $(STAMP)
 
@@ -47,3 +47,26 @@ typecheck: venv
 clean:
 	rm -rf "$(VENV)" build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Container image (docs/deployment.md). The base is built from Debian packages
+# (no registry needed) and kept in podman's store between runs; IMAGE_BASE=...
+# builds on another base, e.g. docker.io/library/python:3.11-slim.
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/podman/containers.conf
+IMAGE ?= localhost/gym-sessions:dev
+BASE_IMAGE := localhost/gym-sessions-base:bookworm
+IMAGE_BASE ?= $(BASE_IMAGE)
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+
+base-image:
+	@if ! podman image exists $(BASE_IMAGE); then \
+		set -e; tmp=$$(mktemp -d); \
+		mmdebstrap --variant=minbase --include=python3,python3-venv bookworm "$$tmp/base.tar"; \
+		podman import "$$tmp/base.tar" $(BASE_IMAGE); rm -rf "$$tmp"; \
+	fi
+
+image: venv $(if $(filter $(BASE_IMAGE),$(IMAGE_BASE)),base-image)
+	rm -rf build/image && mkdir -p build/image/dist
+	$(BIN)/python -m pip wheel --no-deps --no-build-isolation -q -w build/image/dist .
+	podman build --format docker --network=host \
+		$(if $(wildcard $(CA_BUNDLE)),--volume $(dir $(CA_BUNDLE)):$(dir $(CA_BUNDLE)):ro --build-arg PIP_CERT=$(CA_BUNDLE)) \
+		--build-arg BASE=$(IMAGE_BASE) -f deploy/Containerfile -t $(IMAGE) build/image

@@ -62,6 +62,7 @@ __all__ = [
     "MethodNotAllowedError",
     "NoOpenEpisodeError",
     "NotFoundError",
+    "NotReadyError",
     "OverloadedError",
     "ReplyTimeoutError",
     "RequestTimeoutError",
@@ -242,6 +243,12 @@ class OverloadedError(HTTPError):
 
     status, code = 503, "overloaded"
     retry_after = 1
+
+
+class NotReadyError(HTTPError):
+    """``GET /ready``: this worker takes no new sessions now (draining, stopping)."""
+
+    status, code = 503, "not_ready"
 
 
 class ClaimsUnavailableError(HTTPError):

@@ -228,6 +228,7 @@ class WorkerApp:
             owner_cache=(OwnerCache() if self.redis_store is not None else None),
         )
         server.bind(settings, self.claims, self.credentials)
+        server.unready_reason = self.unready_reason
         self.snapshots: SessionSnapshots | None = None
         if snapshot_store is not None:
             self.snapshots = server.snapshots = SessionSnapshots(
@@ -444,6 +445,21 @@ class WorkerApp:
                 )
                 return
             await asyncio.sleep(0.2)
+
+    def unready_reason(self) -> str | None:
+        """Why this worker should get no new traffic (``GET /ready`` 503), or ``None``.
+
+        Unready from the moment a drain or a shutdown starts, the whole
+        server's included (the supervisor's ``server.stopping`` mark), so a
+        load balancer stops sending new sessions while the open ones finish.
+        """
+        if self._stopping:
+            return "shutting down"
+        if not self.claims.accepting_sessions:
+            return "draining"
+        if self.coordination is not None and SERVER_MARK in self.coordination.workers_in(_STOPPING):
+            return "the server is stopping"
+        return None
 
     def leave_server(self) -> None:
         """This worker leaves alone (drained, orphaned): nobody waits for it at shutdown."""

@@ -8,6 +8,7 @@ both get the worker's settings, claims and credentials through `bind`, answer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from starlette.middleware import Middleware
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from gym_sessions.credentials import SessionCredentials
+from gym_sessions.errors import NotReadyError
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.session_ids import SessionIdSources
 from gym_sessions.settings import Settings
@@ -52,6 +54,9 @@ class SessionServer:
     snapshots: SessionSnapshots | None = None
     #: Requests this worker sent on to their holder, handed over or hopped (routed workers).
     deliveries: HandoffCounts | None = None
+    #: Why this worker should get no new traffic now (``/ready``), ``None`` when it should;
+    #: set by the app factory (`gym_sessions.server.app.WorkerApp.unready_reason`).
+    unready_reason: Callable[[], str | None] = staticmethod(lambda: None)
 
     def bind(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
@@ -97,7 +102,10 @@ class SessionServer:
 
     def routes(self) -> list[BaseRoute]:
         """Every route of the server, without the rollout prefix."""
-        return [Route("/health", self._health, methods=["GET"])]
+        return [
+            Route("/health", self._health, methods=["GET"]),
+            Route("/ready", self._ready, methods=["GET"]),
+        ]
 
     def middleware(self) -> list[Middleware]:
         """ASGI middleware around the routes, inside the router and the session cookie."""
@@ -146,6 +154,14 @@ class SessionServer:
             self._changed.discard(session_id)
             return True
         return False
+
+    async def _ready(self, request: Request) -> JSONResponse:
+        # Readiness, apart from /health (liveness): a load balancer sends new
+        # sessions only to a 200 here, while a 503 worker still serves its own.
+        reason = self.unready_reason()
+        if reason is None:
+            return JSONResponse({"status": "ready", "worker": self.claims.worker_id})
+        raise NotReadyError(f"worker {self.claims.worker_id} is not ready: {reason}")
 
     async def _health(self, request: Request) -> JSONResponse:
         return JSONResponse(
