@@ -151,7 +151,7 @@ class _Writer:
         arr = _exact(arr, dtype, path)
         if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
             arr = arr.copy(order="C")
-        self.buffers.append(memoryview(arr).cast("B") if arr.size else b"")
+        self.buffers.append(arr.data.cast("B") if arr.size else b"")
         return {"buffer": len(self.buffers) - 1, "dtype": dtype.str, "shape": list(arr.shape)}
 
     def value(self, space: Space[Any], value: Any, path: str) -> Any:
@@ -188,7 +188,10 @@ def _enc_text(w: _Writer, space: Text, value: Any, path: str) -> Any:
 def _enc_tuple(w: _Writer, space: Tuple, value: Any, path: str) -> Any:
     if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
         raise SpaceCodecError(f"{path}: expected a tuple of {len(space.spaces)} values")
-    return [w.value(sub, part, f"{path}[{i}]") for i, (sub, part) in enumerate(zip(space, value))]
+    return [
+        w.value(sub, part, f"{path}[{i}]")
+        for i, (sub, part) in enumerate(zip(space.spaces, value, strict=True))
+    ]
 
 
 def _enc_dict(w: _Writer, space: Dict, value: Any, path: str) -> Any:
@@ -327,7 +330,8 @@ def _dec_tuple(r: _Reader, space: Tuple, data: Any, path: str) -> Any:
     if len(items) != len(space.spaces):
         raise SpaceCodecError(f"{path}: expected {len(space.spaces)} values, got {len(items)}")
     return tuple(
-        r.value(sub, part, f"{path}[{i}]") for i, (sub, part) in enumerate(zip(space, items))
+        r.value(sub, part, f"{path}[{i}]")
+        for i, (sub, part) in enumerate(zip(space.spaces, items, strict=True))
     )
 
 
