@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv demo test lint typecheck clean image base-image
+.PHONY: venv demo test test-slow lint typecheck clean image base-image
 
 venv: $(STAMP)
 
@@ -28,14 +28,19 @@ $(STAMP): pyproject.toml
 	@# torch first, pinned: the sb3 extra's bare torch>=2.3 would otherwise let pip
 	@# fetch the newest torch, a multi-GB CUDA build; 2.13.0 is the CPU build on disk.
 	$(BIN)/python -m pip install "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -e ".[dev,sb3]"
+	$(BIN)/python -m pip install -e ".[dev,sb3,trl]"
 	@touch "$@"
 
 demo: venv
 	$(BIN)/gym-sessions demo
 
+# The default run skips tests marked slow (minutes each: GRPO training, 50 supervisor
+# kills, ...); `make test-slow` runs just those, and .ci/run runs both.
 test: venv
-	$(BIN)/python -m pytest -q -ra --durations=15
+	$(BIN)/python -m pytest -q -ra --durations=15 -m "not slow"
+
+test-slow: venv
+	$(BIN)/python -m pytest -q -ra --durations=15 -m slow
 
 lint: venv
 	$(BIN)/ruff check .

@@ -17,6 +17,7 @@ from envs.counter_load import make_episodes, play_all
 from gym_sessions.server.process import start_server
 from tests.conftest import require_or_skip
 from tests.services import run_nginx
+from tests.stress import scenarios
 
 from .test_routing_e2e import COUNTER, deliveries
 
@@ -218,3 +219,25 @@ def test_handoff_off_keeps_the_hop(serve):
     assert not any(
         name.endswith(".fds") for name in os.listdir(server.runtime_dirs()[0] + "/workers")
     )
+
+
+def test_agent_pool_carrying_many_sessions_per_connection_scores_every_episode():
+    """Issue 27's shape, small: the agent's pool to the env server carries many sessions.
+
+    400 concurrent ``/run`` episodes through the counter agent, both servers at
+    4 workers, default settings (handoff on): every episode scores 1.0 (each
+    step's reply is its own session's count), connections were really handed
+    over, and no handoff answer was lost or left undecided. On 120c24f the
+    same shape at 3,000 episodes scored 2,599-2,727 with hundreds of "lost"
+    hops per worker.
+    """
+    with (
+        start_server("tests.stress.targets:FaultyCounterServer", "--window", "5", workers=4) as env,
+        start_server("envs.counter:CounterAgent", workers=4) as agent,
+    ):
+        row = asyncio.run(scenarios.run_episodes(agent.url, env.url, 400, limit=64))
+        healths = asyncio.run(scenarios.worker_healths(env, 4))
+    assert row.correct == row.total == 400
+    counts = [health["deliveries"] for health in healths.values()]
+    assert sum(c["handed_over"] for c in counts) > 0
+    assert sum(c["hop_reasons"].get("lost", 0) + c["undecided"] for c in counts) == 0
