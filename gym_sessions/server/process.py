@@ -33,7 +33,7 @@ from typing import Any
 
 from gym_sessions.settings import SECRET_ENV
 
-__all__ = ["ServerProcess", "start_server"]
+__all__ = ["ServerProcess", "live_parents", "start_server"]
 
 _LISTENING = re.compile(r"on http://(\S+):(\d+) with")
 
@@ -70,19 +70,11 @@ class ServerProcess:
 
     def worker_pids(self) -> list[int]:
         """PIDs of the supervisor's live worker processes (Linux ``/proc``)."""
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as file:
-                    fields = file.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            # After the command name: state, then the parent's pid.
-            if int(fields[1]) == self.process.pid and fields[0] != "Z" and _is_worker(entry):
-                pids.append(int(entry))
-        return sorted(pids)
+        return sorted(
+            pid
+            for pid, parent in live_parents().items()
+            if parent == self.process.pid and _is_worker(str(pid))
+        )
 
     def health(self, timeout: float = 5.0) -> dict[str, Any]:
         """``GET /health`` on a new connection."""
@@ -121,6 +113,23 @@ def _is_worker(pid: str) -> bool:
             return b"resource_tracker" not in file.read()
     except OSError:
         return False
+
+
+def live_parents() -> dict[int, int]:
+    """The parent pid of every live (not zombie) process, from Linux ``/proc``."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the command name: state, then the parent's pid.
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    return parents
 
 
 def start_server(

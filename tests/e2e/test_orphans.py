@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gym_sessions.server.process import start_server
+from gym_sessions.server.process import live_parents, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -29,20 +29,7 @@ BOUND_SECONDS = 2.0
 _BUSY_LOOP = "import time\nend = time.monotonic() + 1800\nwhile time.monotonic() < end: pass\n"
 
 
-def _parents() -> dict[int, int]:
-    """Every live (not zombie) process's parent, from ``/proc``."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as file:
-                fields = file.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
-    return parents
+_parents = live_parents
 
 
 def _descendants(root: int) -> set[int]:
