@@ -19,12 +19,12 @@ Signals to the supervisor:
   target afresh) starts; once it serves, the old generation drains.
 - SIGTTIN: one worker more. SIGTTOU: one worker fewer, drained (never below one).
 
-Workers die with their supervisor: each sets ``PR_SET_PDEATHSIG`` (SIGKILL)
+Workers die with their supervisor: each asks the kernel for a death signal
 as it starts (`gym_sessions.server.parent_death`), so a supervisor's SIGKILL
-takes every worker with it at once, on a busy machine too, and with them the
-multiprocessing resource tracker (its pipe's last writers). Off Linux, a
-worker polls its parent from the event loop's tick and shuts down within
-about a second. A worker that dies or stops
+ends every worker at once, on a busy machine too, after it released its
+sessions (their processes included), and with them the multiprocessing
+resource tracker (its pipe's last writers). Off Linux, a worker polls its
+parent from the event loop's tick and shuts down within about a second. A worker that dies or stops
 answering the health check is replaced by a worker of this kind too (uvicorn's
 own loop would start its plain one, which neither drains nor takes handed-over
 connections).
@@ -46,7 +46,7 @@ from uvicorn import Server
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-from gym_sessions.server.parent_death import die_with_parent
+from gym_sessions.server.parent_death import die_with_parent, on_parent_death
 
 __all__ = ["DRAIN_SIGNAL", "DrainableServer", "Supervisor"]
 
@@ -73,6 +73,9 @@ class DrainableServer(Server):
         await super().startup(sockets)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(DRAIN_SIGNAL, self.begin_drain)
+        app = worker_app(self.config.loaded_app)
+        if app is not None:
+            on_parent_death(app.server.release_all)
         self._serve_handed_connections()
 
     def _serve_handed_connections(self) -> None:
