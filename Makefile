@@ -37,10 +37,10 @@ demo: venv
 # The default run skips tests marked slow (minutes each: GRPO training, 50 supervisor
 # kills, ...); `make test-slow` runs just those, and .ci/run runs both.
 test: venv
-	$(BIN)/python -m pytest -q -ra --durations=15 -m "not slow"
+	$(BIN)/python -m pytest -q -ra --durations=15 -m "not slow" -n auto --dist loadgroup
 
 test-slow: venv
-	$(BIN)/python -m pytest -q -ra --durations=15 -m slow
+	$(BIN)/python -m pytest -q -ra --durations=15 -m slow -n auto --dist loadgroup
 
 lint: venv
 	$(BIN)/ruff check .

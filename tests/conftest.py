@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -13,7 +14,7 @@ import aiohttp
 import pytest
 
 from gym_sessions.server.process import ServerProcess, start_server
-from tests.services import RedisProcess, require
+from tests.services import RedisDatabase, RedisProcess, require
 
 
 def require_or_skip(program: str, package: str) -> None:
@@ -40,15 +41,48 @@ def import_extra_or_skip(module: str, extra: str) -> ModuleType:
         pytest.skip(f"{hint} ({exc})", allow_module_level=True)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``) a module's tests run on one worker, so
+    a module-scoped server starts once; a module may join a wider ``xdist_group``."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = getattr(item, "module", None)
+            name = module.__name__ if module is not None else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(name))
+
+
 @pytest.fixture
-def redis_server() -> Iterator[RedisProcess]:
-    """A fresh, empty ``redis-server`` on a free loopback port; stopped at teardown."""
+def private_redis_server() -> Iterator[RedisProcess]:
+    """A fresh, empty ``redis-server`` on a free loopback port, for a test that stops,
+    freezes or reconfigures it; stopped at teardown."""
     require_or_skip("redis-server", "redis-server")
     server = RedisProcess()
     try:
         yield server.start()
     finally:
         server.close()
+
+
+_SHARED_REDIS_DATABASES = 1024
+_redis_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def shared_redis_server() -> Iterator[RedisProcess]:
+    """One ``redis-server`` for the whole run (each xdist worker has its own)."""
+    require_or_skip("redis-server", "redis-server")
+    server = RedisProcess(databases=_SHARED_REDIS_DATABASES)
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_server(shared_redis_server) -> RedisDatabase:
+    """An empty database of the shared ``redis-server``: for tests that leave Redis running."""
+    return RedisDatabase(shared_redis_server, next(_redis_databases) % _SHARED_REDIS_DATABASES)
 
 
 @pytest.fixture

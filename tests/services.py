@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 
 __all__ = [
     "NginxProcess",
+    "RedisDatabase",
     "RedisProcess",
     "free_port",
     "registered_workers",
@@ -71,9 +72,10 @@ class RedisProcess:
             listens on the same port again.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, databases: int = 16) -> None:
         self.program = require("redis-server", "redis-server")
         self.port = port or free_port()
+        self.databases = databases
         self.dir = tempfile.mkdtemp(prefix="gs-redis-", dir="/tmp")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -93,6 +95,7 @@ class RedisProcess:
             "--appendonly", "no",
             "--dir", self.dir,
             "--daemonize", "no",
+            "--databases", str(self.databases),
             "--logfile", log_path,
         ]  # fmt: skip
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -106,6 +109,19 @@ class RedisProcess:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"redis-server did not answer in {timeout} s: {_tail(log_path)}")
+
+    def flush(self, db: int) -> None:
+        """Empty database ``db``."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(f"SELECT {db}\r\nFLUSHDB\r\n".encode())
+            answers = b""
+            while answers.count(b"\r\n") < 2:
+                chunk = sock.recv(64)
+                if not chunk:
+                    break
+                answers += chunk
+        if answers != b"+OK\r\n+OK\r\n":
+            raise RuntimeError(f"redis-server refused FLUSHDB {db}: {answers!r}")
 
     def ping(self) -> bool:
         """Whether the server answers PING."""
@@ -128,6 +144,22 @@ class RedisProcess:
         """Stop and remove its directory."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisDatabase:
+    """One database of a shared `RedisProcess`, emptied when made: what a test that
+    neither stops nor breaks Redis needs (keys are per database; nothing here uses
+    Redis pub/sub, which is not)."""
+
+    def __init__(self, server: RedisProcess, db: int) -> None:
+        server.flush(db)
+        self.server = server
+        self.db = db
+
+    @property
+    def url(self) -> str:
+        """The URL to pass as ``--claims``."""
+        return f"redis://127.0.0.1:{self.server.port}/{self.db}"
 
 
 @contextlib.contextmanager

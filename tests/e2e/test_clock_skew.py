@@ -35,7 +35,7 @@ from tests.services import NginxProcess, require, wait_for_registrations
 
 from ..conftest import require_or_skip
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # several hosts: run by make test-slow
 
 COUNTER = "envs.counter:CounterEnv"
 EPISODES = 200

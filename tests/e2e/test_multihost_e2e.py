@@ -37,7 +37,7 @@ from ..conftest import require_or_skip
 from .durable_player import LOST, DurablePlayer
 from .subprocesses import run_module
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # several hosts: run by make test-slow
 
 COUNTER = "gym_sessions.examples.counter:CounterEnv"  # some tests run outside the repository
 EPISODES = 200
@@ -83,21 +83,21 @@ class Deployment:
 
 
 @pytest.fixture
-def deploy(serve, redis_server, tmp_path) -> Iterator[Callable[..., Deployment]]:
+def deploy(serve, private_redis_server, tmp_path) -> Iterator[Callable[..., Deployment]]:
     """``deploy(*args)``: two hosts started with ``args`` and nginx round robin in front."""
     require_or_skip("nginx", "nginx")
     proxies: list[NginxProcess] = []
 
     def _deploy(*args: str, routed: bool = True, target: str = COUNTER) -> Deployment:
-        claims = ("--claims", redis_server.url) if routed else ("--no-routing",)
+        claims = ("--claims", private_redis_server.url) if routed else ("--no-routing",)
         hosts = [
             serve(target, *claims, "--secret-file", secret_file, "--window", WINDOW, *args,
                   workers=WORKERS_PER_HOST)
             for _ in range(2)
         ]  # fmt: skip
-        deployment = Deployment(redis_server, hosts, NginxProcess([h.url for h in hosts]))
+        deployment = Deployment(private_redis_server, hosts, NginxProcess([h.url for h in hosts]))
         if routed:
-            wait_for_registrations(redis_server.url, 2 * WORKERS_PER_HOST)
+            wait_for_registrations(private_redis_server.url, 2 * WORKERS_PER_HOST)
         proxies.append(deployment.nginx)
         deployment.nginx.start()
         return deployment
@@ -245,10 +245,10 @@ def test_unreachable_redis_at_start_up_is_one_error_line(short_tmp):
     )
 
 
-def test_redis_claims_without_a_shared_secret_refuse_to_start(short_tmp, redis_server):
+def test_redis_claims_without_a_shared_secret_refuse_to_start(short_tmp, private_redis_server):
     env = {k: v for k, v in os.environ.items() if k != "GYM_SESSIONS_SECRET"}
     code, _, stderr = run_module(
-        "serve", COUNTER, "--port", "0", "--claims", redis_server.url, timeout=60,
+        "serve", COUNTER, "--port", "0", "--claims", private_redis_server.url, timeout=60,
         cwd=short_tmp, env=env,
     )  # fmt: skip
     assert code == 2
@@ -379,15 +379,15 @@ def test_reload_of_one_host_loses_no_episode(deploy):
     assert len(d.registered_workers()) == 2 * WORKERS_PER_HOST
 
 
-def test_an_evicting_redis_is_refused_at_start_up(short_tmp, redis_server, tmp_path):
-    client = redis.Redis.from_url(redis_server.url)
+def test_an_evicting_redis_is_refused_at_start_up(short_tmp, private_redis_server, tmp_path):
+    client = redis.Redis.from_url(private_redis_server.url)
     client.config_set("maxmemory", "64mb")
     client.config_set("maxmemory-policy", "volatile-lru")
     client.close()
     secret_file = str(tmp_path / "secret")
     write_secret_file(secret_file, secrets.token_hex(32))
     code, _, stderr = run_module(
-        "serve", COUNTER, "--port", "0", "--claims", redis_server.url,
+        "serve", COUNTER, "--port", "0", "--claims", private_redis_server.url,
         "--secret-file", secret_file, timeout=60, cwd=short_tmp,
     )  # fmt: skip
     assert code == 2

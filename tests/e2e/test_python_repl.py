@@ -27,7 +27,8 @@ from gym_sessions.server.process import ServerProcess
 
 from ..conftest import require_or_skip
 
-pytestmark = pytest.mark.e2e
+# One xdist group: their servers share the host-wide uid range of the sandbox.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("repl_sandbox")]
 
 REPL = "envs.python_repl:PythonReplServer"
 # Not root: no sandbox, so the server refuses to start unless told to run unsandboxed.

@@ -43,7 +43,8 @@ from gym_sessions.settings import Settings
 
 from ..conftest import require_or_skip
 
-pytestmark = pytest.mark.e2e
+# One xdist group: their servers share the host-wide uid range of the sandbox.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("repl_sandbox")]
 
 ROOT = os.geteuid() == 0
 

@@ -17,7 +17,7 @@ from tests.conftest import require_or_skip
 from tests.stress.hog import cpu_hog, hog_requested
 from tests.stress.run import SMALL, format_table, run_multihost_suite, run_suite
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # minutes in all: run by make test-slow
 
 HOGGED = hog_requested()
 RUNS = int(os.environ.get("GYM_SESSIONS_STRESS_HOG_RUNS", "3")) if HOGGED else 1

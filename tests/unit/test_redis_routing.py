@@ -42,7 +42,7 @@ EPOCH_KEY = KEY_PREFIX + "epoch"
 
 
 @pytest.fixture
-def hosts(start_clusters, redis_server):
+def hosts(start_clusters, private_redis_server):
     """Workers whose claim windows pass only when the test says so (`Cluster.elapse`).
 
     Expiries in Redis (PEXPIRE) and the heartbeat still run on real time.
@@ -53,7 +53,7 @@ def hosts(start_clusters, redis_server):
         kw.setdefault("clock", FakeClock())
         if server is ProbeServer:
             kw.setdefault("checkpoint_session_starts", STARTS)
-        return await start_clusters(server, n, claims=redis_server.url, **kw)
+        return await start_clusters(server, n, claims=private_redis_server.url, **kw)
 
     return make
 
@@ -184,8 +184,8 @@ async def test_a_closed_session_gets_an_expiry_and_its_claimant_removes_it(hosts
     assert fresh.status == 200 and fresh.json["worker"] == c[1].id
 
 
-async def test_store_expiry_follows_open_in_flight_and_idle(redis_server):
-    client = connect_redis(redis_server.url)
+async def test_store_expiry_follows_open_in_flight_and_idle(private_redis_server):
+    client = connect_redis(private_redis_server.url)
     registry = WorkerRegistry(client, "w-expiry", SIGNER)
     claims = OwnedClaims(RedisClaimStore(client, registry, 60), "w-expiry", window=30)
     key = RedisClaimStore.key("s1")
@@ -215,8 +215,8 @@ async def test_store_expiry_follows_open_in_flight_and_idle(redis_server):
         await client.aclose()
 
 
-async def test_only_one_of_many_racing_workers_wins_each_claim(redis_server):
-    clients = [connect_redis(redis_server.url) for _ in range(4)]
+async def test_only_one_of_many_racing_workers_wins_each_claim(private_redis_server):
+    clients = [connect_redis(private_redis_server.url) for _ in range(4)]
     stores = [
         RedisClaimStore(client, WorkerRegistry(client, f"w{i}", SIGNER), 60)
         for i, client in enumerate(clients)
@@ -389,13 +389,13 @@ async def test_a_signature_header_from_the_client_is_replaced_when_forwarding(ho
 
 
 async def test_lost_redis_gives_503_except_for_own_sessions_and_service_resumes(
-    hosts, redis_server
+    hosts, private_redis_server
 ):
     c = await hosts(2)
     mine, theirs = new_id(), new_id()
     mine_reply = await start(c[0], mine)
     theirs_reply = await start(c[1], theirs)
-    redis_server.stop()
+    private_redis_server.stop()
 
     # Own sessions known in memory keep working on their claimant.
     own = await c[0].request("POST", "/touch", cookie=mine_reply.cookie)
@@ -418,7 +418,7 @@ async def test_lost_redis_gives_503_except_for_own_sessions_and_service_resumes(
 
     # Redis comes back empty (no persistence): each worker's heartbeat writes its
     # registration and its claims again, and routing resumes.
-    redis_server.start()
+    private_redis_server.start()
     for worker in c.workers:
         await beat(worker)
     assert c.claim_owner(mine) == c[0].id and c.claim_owner(theirs) == c[1].id
@@ -559,8 +559,8 @@ class _FlakyRemovals(RedisClaimStore):
 
 
 @pytest.fixture
-async def flaky_claims(redis_server):
-    client = connect_redis(redis_server.url)
+async def flaky_claims(private_redis_server):
+    client = connect_redis(private_redis_server.url)
     store = _FlakyRemovals(client, WorkerRegistry(client, "w-flaky", SIGNER), 60)
     await store.registry.register("127.0.0.1", 9)
     yield OwnedClaims(store, "w-flaky", window=30), store, client
@@ -603,13 +603,13 @@ async def test_a_retried_removal_never_deletes_a_claim_taken_back_meanwhile(flak
 
 
 async def test_a_claim_miss_right_after_redis_came_back_empty_is_503_not_a_takeover(
-    hosts, redis_server
+    hosts, private_redis_server
 ):
     c = await hosts(2)
     sid = new_id()
     reply = await start(c[0], sid)
-    redis_server.stop()
-    redis_server.start()  # empty
+    private_redis_server.stop()
+    private_redis_server.start()  # empty
     # Until its claimant writes the claim back, nobody may take the session over,
     # by any request (a cookie, a retried start, a close): 503, or, if the
     # claimant's heartbeat was quicker, served by the claimant.
@@ -654,25 +654,27 @@ async def test_a_worker_cut_off_from_redis_too_long_stops_serving_its_sessions(h
     assert c[0].server.counts[sid] == 0
 
 
-async def test_an_idle_claim_that_cannot_be_held_again_is_not_served(flaky_claims, redis_server):
+async def test_an_idle_claim_that_cannot_be_held_again_is_not_served(
+    flaky_claims, private_redis_server
+):
     claims, _, _ = flaky_claims
     assert await claims.claim("s") is None
     await claims.enter("s")
     await claims.leave("s")  # idle and not open: its key now expires by itself
-    redis_server.stop()
+    private_redis_server.stop()
     # Its expiry cannot be lifted, so another worker might take it once the
     # key expires: refuse rather than serve, and leave nothing in flight.
     with pytest.raises(ClaimsUnavailableError):
         await claims.enter("s")
     assert claims._claims["s"].in_flight == 0
-    redis_server.start()
+    private_redis_server.start()
 
 
 async def test_a_renewal_after_a_long_silence_asks_for_the_claims_to_be_written_back(
-    redis_server,
+    private_redis_server,
 ):
     now = [1000.0]
-    client = connect_redis(redis_server.url)
+    client = connect_redis(private_redis_server.url)
     registry = WorkerRegistry(client, "w-quiet", SIGNER, clock=lambda: now[0])
     try:
         await registry.register("127.0.0.1", 9)

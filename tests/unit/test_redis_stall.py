@@ -28,10 +28,10 @@ BURST = 80
 
 
 @pytest.fixture
-def hosts(start_clusters, redis_server):
+def hosts(start_clusters, private_redis_server):
     async def make() -> Cluster:
         return await start_clusters(
-            ProbeServer, 2, claims=redis_server.url, claims_timeout=DEADLINE
+            ProbeServer, 2, claims=private_redis_server.url, claims_timeout=DEADLINE
         )
 
     return make
@@ -48,7 +48,7 @@ def frozen(pid: int) -> Iterator[None]:
 
 
 async def test_a_frozen_redis_gets_503_within_the_deadline_and_sessions_come_back(
-    hosts, redis_server
+    hosts, private_redis_server
 ):
     c = await hosts()
     sid = new_id()
@@ -60,7 +60,7 @@ async def test_a_frozen_redis_gets_503_within_the_deadline_and_sessions_come_bac
     # c[1] now has c[0] cached as the holder and would serve on that (the
     # holder checks it): here every request must ask Redis.
     c[1].app.claims.forget_holder(sid)
-    with frozen(redis_server.process.pid):
+    with frozen(private_redis_server.process.pid):
         began = time.monotonic()
         # Bounded here so that, should the deadline not hold, the test fails
         # instead of waiting out the 10 s socket timeouts.
