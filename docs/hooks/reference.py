@@ -98,7 +98,7 @@ def serve_flags() -> dict[str, str]:
         field = FLAG_FIELDS.get(action.dest, action.dest)
         shown = action.option_strings[0]
         if action.choices:
-            shown += " " + "|".join(str(choice) for choice in action.choices)
+            shown += " {" + ",".join(str(choice) for choice in action.choices) + "}"
         elif action.nargs != 0:
             shown += " " + (action.metavar or action.dest.upper())
         flags[field] = shown
