@@ -50,7 +50,7 @@ lint: venv
 # The docs site (mkdocs.yml): --strict fails on a broken link or anchor, a page left out
 # of the nav, or a docstring that does not render.
 docs: venv
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 typecheck: venv
 	$(BIN)/mypy
