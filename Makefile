@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv demo test test-slow lint typecheck clean image base-image
+.PHONY: venv demo test test-slow lint typecheck docs clean image base-image
 
 venv: $(STAMP)
 
@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	@# torch first, pinned: the sb3 extra's bare torch>=2.3 would otherwise let pip
 	@# fetch the newest torch, a multi-GB CUDA build; 2.13.0 is the CPU build on disk.
 	$(BIN)/python -m pip install "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -e ".[dev,sb3,trl]"
+	$(BIN)/python -m pip install -e ".[dev,sb3,trl,docs]"
 	@touch "$@"
 
 demo: venv
@@ -45,12 +45,18 @@ test-slow: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) docs
+
+# The docs site (mkdocs.yml): --strict fails on a broken link or anchor, a page left out
+# of the nav, or a docstring that does not render.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 typecheck: venv
 	$(BIN)/mypy
 
 clean:
-	rm -rf "$(VENV)" build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf "$(VENV)" build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Container image (docs/deployment.md). The base is built from Debian packages

@@ -38,7 +38,7 @@ def _redis_is_local(url: str) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    """Settings of one server (DESIGN 3.1).
+    """Settings of one server (docs/design.md §3.1).
 
     Attributes:
         host: Public listener address.
@@ -59,7 +59,7 @@ class Settings:
             session (only matters with several workers).
         checkpoint_session_starts: Paths (without rollout prefix) that start a session.
         max_body_bytes: Larger request bodies get 413. 16 MiB: parsing JSON
-            takes up to ~25 times a body's size (README "Limits").
+            takes up to ~25 times a body's size (docs/operating/limits.md).
         max_inflight_body_bytes: Bytes of request bodies one worker holds at
             once (from the first byte to the reply); a body that does not fit
             waits up to 2 s, then gets 503 ``overloaded``.

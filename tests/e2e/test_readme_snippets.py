@@ -1,21 +1,27 @@
-"""Every fenced ``python`` and ``bash`` block of README.md runs as written.
+"""Every fenced ``python`` and ``bash`` block of the docs runs as written.
 
-A Python block's first line says what it is, so nothing is skipped silently:
+The docs are README.md, CONTRIBUTING.md and every page under docs/. A Python
+block's first line says what it is, so nothing is skipped silently:
 
-- ``# NAME.py``: a module the README asks the reader to save. Every such
+- ``# NAME.py``: a module the page asks the reader to save. Every such
   module is written to one directory, which is on the import path of the
   servers and the snippets, and each is imported once in a fresh interpreter.
+  Names are unique across all pages.
 - ``# server: gym-sessions serve TARGET ARGS``: a script to run while that
   server listens on port 8000. The test starts the server (one per distinct
   command, shared by the whole module), replaces ``http://127.0.0.1:8000``
   with the server's URL and changes nothing else, runs the block as a script
   in a subprocess and expects exit status 0 and no traceback.
+- ``# not run: REASON``: a sketch that needs what a test cannot have (a
+  model to train, say); it is compiled, so its syntax is checked, and not run.
 
 Any other Python block fails. A block that imports the library of an optional
 extra (``stable_baselines3``: ``sb3``) skips with the install command when it
 is missing, and fails on CI. A bash block starts its own servers: it runs
 with its ports (8000-8099) moved to free ones, in a process group of its own
-that is stopped by its id afterwards.
+that is stopped by its id afterwards. Commands that must not run (``make
+test``, a deployment's) are shown as indented code blocks, which this test
+does not read.
 """
 
 from __future__ import annotations
@@ -40,20 +46,24 @@ from tests.conftest import import_extra_or_skip
 
 pytestmark = pytest.mark.e2e
 
-README = Path(__file__).parents[2] / "README.md"
-README_URL = "http://127.0.0.1:8000"
+ROOT = Path(__file__).parents[2]
+#: The pages whose blocks run: the README, CONTRIBUTING.md and every page of the docs site.
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+SNIPPET_URL = "http://127.0.0.1:8000"
 SERVER_LINE = "# server: "
+NOT_RUN_LINE = "# not run: "
 MODULE_LINE = re.compile(r"# (?P<module>[A-Za-z_]\w*)\.py")
 SNIPPET_TIMEOUT = 180.0
-#: Libraries of optional extras that README blocks import, and their extras.
+#: Libraries of optional extras that snippets import, and their extras.
 EXTRA_LIBRARIES = {"stable_baselines3": "sb3", "pandas": "pandas"}
 
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced code block: its language, the README line it starts on, its code."""
+    """One fenced code block: its language, its page, the line it starts on, its code."""
 
     language: str
+    page: str
     line: int
     code: str
 
@@ -62,7 +72,7 @@ class Block:
         return self.code.splitlines()[0] if self.code.strip() else ""
 
 
-def fenced_blocks(text: str) -> list[Block]:
+def fenced_blocks(text: str, page: str = "") -> list[Block]:
     """The fenced code blocks of a Markdown text, indented ones (inside lists) dedented."""
     blocks = []
     lines = text.splitlines()
@@ -77,18 +87,23 @@ def fenced_blocks(text: str) -> list[Block]:
         while index < len(lines) and lines[index].strip() != "```":
             index += 1
         body = [line.removeprefix(indent) for line in lines[start:index]]
-        blocks.append(Block(opening["language"], start, "\n".join(body) + "\n"))
+        blocks.append(Block(opening["language"], page, start, "\n".join(body) + "\n"))
         index += 1  # past the closing fence
     return blocks
 
 
-BLOCKS = fenced_blocks(README.read_text())
+BLOCKS = [
+    block
+    for page in PAGES
+    if page.exists()
+    for block in fenced_blocks(page.read_text(), str(page.relative_to(ROOT)))
+]
 PYTHON_BLOCKS = [block for block in BLOCKS if block.language == "python"]
 BASH_BLOCKS = [block for block in BLOCKS if block.language in ("bash", "sh", "shell")]
 
 
 def block_id(block: Block) -> str:
-    return f"line{block.line}"
+    return f"{block.page}:{block.line}"
 
 
 @dataclass(frozen=True)
@@ -110,7 +125,7 @@ class ServeCommand:
             if option == "--workers":
                 workers = int(rest.pop(0))
             elif option == "--port":
-                rest.pop(0)  # the README's 8000; the test listens on a free port
+                rest.pop(0)  # the page's 8000; the test listens on a free port
             else:
                 args.append(option)
         return cls(target, tuple(args), workers)
@@ -118,7 +133,7 @@ class ServeCommand:
 
 @pytest.fixture(scope="module")
 def module_dir() -> Iterator[Path]:
-    """A directory holding every ``# NAME.py`` module of the README."""
+    """A directory holding every ``# NAME.py`` module of the pages."""
     with tempfile.TemporaryDirectory(prefix="gs-readme-", dir="/tmp") as path:
         for block in PYTHON_BLOCKS:
             match = MODULE_LINE.fullmatch(block.first_line)
@@ -161,11 +176,23 @@ def run_script(path: Path, cwd: Path, env: dict[str, str]) -> subprocess.Complet
     )
 
 
-def test_the_readme_has_the_blocks_this_test_runs():
+def test_the_pages_have_the_blocks_this_test_runs():
     # Guards the extraction: a broken fence pattern must not turn into "nothing to run".
-    assert len(PYTHON_BLOCKS) >= 6
-    assert sum(SERVER_LINE in block.first_line for block in PYTHON_BLOCKS) >= 4
+    readme = [block for block in PYTHON_BLOCKS if block.page == "README.md"]
+    assert sum(block.first_line.startswith(SERVER_LINE) for block in readme) >= 3
+    assert sum(block.first_line.startswith(SERVER_LINE) for block in PYTHON_BLOCKS) >= 10
+    assert sum(bool(MODULE_LINE.fullmatch(block.first_line)) for block in PYTHON_BLOCKS) >= 2
     assert any("gym-sessions serve" in block.code for block in BASH_BLOCKS)
+    assert len({block.page for block in PYTHON_BLOCKS}) >= 5
+
+
+def test_module_names_are_unique_across_pages():
+    names = [
+        match["module"]
+        for block in PYTHON_BLOCKS
+        if (match := MODULE_LINE.fullmatch(block.first_line))
+    ]
+    assert len(names) == len(set(names)), names
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[block_id(b) for b in PYTHON_BLOCKS])
@@ -184,18 +211,23 @@ def test_python_block_runs(block: Block, module_dir: Path, server_for, tmp_path:
         )
         assert result.returncode == 0, result.stderr
         return
+    if block.first_line.startswith(NOT_RUN_LINE):
+        assert block.first_line.removeprefix(NOT_RUN_LINE).strip(), "say why it is not run"
+        compile(block.code, f"{block.page}:{block.line}", "exec")
+        return
     if not block.first_line.startswith(SERVER_LINE):
         pytest.fail(
-            f"README.md line {block.line}: a python block must start with "
-            f"'{SERVER_LINE}gym-sessions serve ...' or '# NAME.py' (a module to save)"
+            f"{block.page} line {block.line}: a python block must start with "
+            f"'{SERVER_LINE}gym-sessions serve ...', '# NAME.py' (a module to save) "
+            f"or '{NOT_RUN_LINE}REASON'"
         )
-    assert README_URL in block.code, f"the snippet should talk to {README_URL}"
+    assert SNIPPET_URL in block.code, f"the snippet should talk to {SNIPPET_URL}"
     for library, extra in EXTRA_LIBRARIES.items():
         if re.search(rf"^\s*(from|import) {library}\b", block.code, flags=re.MULTILINE):
             import_extra_or_skip(library, extra)
     server = server_for(ServeCommand.parse(block.first_line))
-    script = tmp_path / f"readme_line{block.line}.py"
-    script.write_text(block.code.replace(README_URL, server.url))
+    script = tmp_path / f"snippet_line{block.line}.py"
+    script.write_text(block.code.replace(SNIPPET_URL, server.url))
     result = run_script(script, module_dir, python_env(module_dir))
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert "Traceback" not in result.stderr, result.stderr
@@ -232,7 +264,7 @@ def stop_group(pgid: int, grace: float) -> None:
 def test_bash_block_runs(block: Block, short_tmp: str):
     ports = {port: str(free_port()) for port in set(re.findall(r"\b80\d\d\b", block.code))}
     code = re.sub(r"\b80\d\d\b", lambda match: ports[match.group()], block.code)
-    script = Path(short_tmp) / "readme.sh"
+    script = Path(short_tmp) / "snippet.sh"
     script.write_text(code)
     bin_dir = os.path.dirname(sys.executable)  # where pip put the gym-sessions command
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"], "TMPDIR": short_tmp}
