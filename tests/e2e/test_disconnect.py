@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.parse
 from typing import Any
 
 import pytest
+
+from tests.polling import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -122,16 +123,6 @@ async def start(url: str, sid: str, options: dict[str, Any]) -> tuple[str, str]:
     )
     assert status == 200, reply
     return cookie_of(headers), headers["x-gym-worker"][0]
-
-
-async def eventually(check: Any, within: float) -> Any:
-    """``await check()`` until it is truthy or ``within`` s pass; its last value."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(0.1)
 
 
 @pytest.mark.parametrize("workers", [1, 4])

@@ -13,6 +13,7 @@ import pytest
 
 from envs.counter_load import Episode, _post, client_session, make_episodes
 from gym_sessions.server.process import start_server
+from tests.polling import wait_for as _wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -26,15 +27,6 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def _wait_for(predicate, within: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 async def _start(client, url: str, episode: Episode, **options) -> str | None:

@@ -52,12 +52,11 @@ import pytest
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.client import AsyncRemoteEnv
 from gym_sessions.server.process import ServerProcess, start_server
+from tests.replies import TOKEN, Reply, post
 
 pytestmark = pytest.mark.e2e
 
 COUNTER = "envs.counter:CounterEnv"
-COOKIE = "gym_session"
-TOKEN = "X-Gym-Session-Token"
 WORKERS = 4
 #: Copies of each attacking request, each on a new connection (so some land on
 #: the worker holding the session and some on the others).
@@ -102,68 +101,6 @@ def trusting_server() -> Iterator[ServerProcess]:
 
 
 # ----------------------------------------------------------------------------- HTTP helpers
-
-
-@dataclass
-class Reply:
-    status: int
-    text: str
-    set_cookies: list[str]
-
-    @property
-    def json(self) -> Any:
-        try:
-            return json.loads(self.text)
-        except ValueError:
-            return None
-
-    @property
-    def cookie(self) -> str | None:
-        """The ``gym_session`` value a ``Set-Cookie`` of this reply sets, if any."""
-        for header in self.set_cookies:
-            name, _, value = header.split(";", 1)[0].partition("=")
-            if name.strip() == COOKIE and value.strip():
-                return value.strip()
-        return None
-
-    @property
-    def token(self) -> str | None:
-        body = self.json
-        if isinstance(body, dict) and isinstance(body.get("mcp"), dict):
-            return body["mcp"].get("headers", {}).get(TOKEN)
-        return None
-
-    @property
-    def code(self) -> Any:
-        """The framework error code: ``error.code``, or a JSON-RPC error's ``data.code``."""
-        body = self.json
-        error = body.get("error") if isinstance(body, dict) else None
-        if not isinstance(error, dict):
-            return None
-        if isinstance(error.get("data"), dict):
-            return error["data"].get("code")
-        return error.get("code")
-
-    def describe(self) -> str:
-        return f"HTTP {self.status} {self.text[:300]!r} set-cookie={self.set_cookies}"
-
-
-async def post(
-    web: aiohttp.ClientSession,
-    url: str,
-    body: Any = None,
-    *,
-    cookie: str | None = None,
-    token: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> Reply:
-    send = dict(headers or {})
-    if cookie is not None:
-        send["Cookie"] = f"{COOKIE}={cookie}"
-    if token is not None:
-        send[TOKEN] = token
-    async with web.post(url, json=body, headers=send) as reply:
-        return Reply(reply.status, await reply.text(), reply.headers.getall("Set-Cookie", []))
 
 
 async def many(make: Callable[[], Awaitable[Reply]], copies: int = ATTACKS) -> list[Reply]:

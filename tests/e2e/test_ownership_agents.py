@@ -16,7 +16,6 @@ continue its count and total exactly, and its close receipt must count them all.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import tempfile
@@ -29,11 +28,11 @@ import aiohttp
 import pytest
 
 from gym_sessions.server.process import ServerProcess, start_server
+from tests.replies import Reply, post
 
 pytestmark = pytest.mark.e2e
 
 AGENT = "envs.counter:CounterAgent"
-COOKIE = "gym_session"
 SEED = "/v1/agent_sessions"
 CLOSE = "/v1/agent_sessions/close"
 ATTACKS = 8
@@ -50,45 +49,6 @@ def agent() -> Iterator[ServerProcess]:
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-@dataclass
-class Reply:
-    status: int
-    text: str
-    set_cookies: list[str]
-
-    @property
-    def json(self) -> Any:
-        try:
-            return json.loads(self.text)
-        except ValueError:
-            return None
-
-    @property
-    def cookie(self) -> str | None:
-        for header in self.set_cookies:
-            name, _, value = header.split(";", 1)[0].partition("=")
-            if name.strip() == COOKIE and value.strip():
-                return value.strip()
-        return None
-
-    @property
-    def code(self) -> Any:
-        body = self.json
-        error = body.get("error") if isinstance(body, dict) else None
-        return error.get("code") if isinstance(error, dict) else None
-
-    def describe(self) -> str:
-        return f"HTTP {self.status} {self.text[:300]!r} set-cookie={self.set_cookies}"
-
-
-async def post(
-    web: aiohttp.ClientSession, url: str, body: Any, *, cookie: str | None = None
-) -> Reply:
-    headers = {"Cookie": f"{COOKIE}={cookie}"} if cookie is not None else {}
-    async with web.post(url, json=body, headers=headers) as reply:
-        return Reply(reply.status, await reply.text(), reply.headers.getall("Set-Cookie", []))
 
 
 async def many(make: Callable[[], Awaitable[Reply]], copies: int = ATTACKS) -> list[Reply]:

@@ -12,7 +12,6 @@ import asyncio
 import glob
 import os
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -24,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from envs.counter_load import client_session
 from envs.python_repl import CHILD_MARKER  # a module that cannot import fails this file loudly
 from gym_sessions.server.process import ServerProcess
+from tests.polling import eventually
 
 from ..conftest import require_or_skip
 
@@ -78,16 +78,6 @@ async def live_interpreters(client: aiohttp.ClientSession, url: str) -> int:
     """``sessions`` of ``GET /health`` (use with one worker: each worker counts its own)."""
     async with client.get(url + "/health") as reply:
         return (await reply.json())["sessions"]
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> bool:
-    """Whether ``check()`` holds within ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.1)
-    return await check()
 
 
 async def x_then_print(client: aiohttp.ClientSession, url: str, n: int) -> tuple[bool, str]:

@@ -28,7 +28,6 @@ import signal
 import stat
 import string
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -40,6 +39,7 @@ from envs.repl_sandbox import DEFAULT_UIDS, processes_of_uid
 from gym_sessions.errors import StartupError
 from gym_sessions.server.process import ServerProcess
 from gym_sessions.settings import Settings
+from tests.polling import eventually
 
 from ..conftest import require_or_skip
 
@@ -174,16 +174,6 @@ def interpreters_by_worker(server: ServerProcess) -> dict[int, int]:
         if parent in counts and is_running(int(entry)):
             counts[parent] += 1
     return counts
-
-
-async def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
-    """Whether ``check()`` holds within ``within`` seconds (polled every 50 ms)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(0.05)
-    return check()
 
 
 def serve_mode(serve: Callable[..., ServerProcess], mode: str) -> ServerProcess:
