@@ -118,7 +118,8 @@ class AgentServer(SessionServer):
     durable_agent_state: ClassVar[bool] = False
     #: Seconds an outbound call (env or model server) may take to connect, and
     #: in all; a subclass or deployment may set them (issue 33: a port that
-    #: accepts and never answers held ``/run`` for minutes).
+    #: accepts and never answers held ``/run`` for minutes). The wait for a free
+    #: pooled connection counts in the total only: under load it is no failure.
     upstream_connect_timeout: ClassVar[float] = 5.0
     upstream_timeout: ClassVar[float] = 120.0
 
@@ -444,7 +445,7 @@ class AgentServer(SessionServer):
                 connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=aiohttp.ClientTimeout(
-                    total=self.upstream_timeout, connect=self.upstream_connect_timeout
+                    total=self.upstream_timeout, sock_connect=self.upstream_connect_timeout
                 ),
             )
         return self._http
