@@ -12,8 +12,9 @@ what its sessions started (the REPL's interpreters and the processes they
 detached), and nobody else would. Its handler runs in the main thread at the
 next bytecode, without waiting for the event loop: it arms a kernel alarm
 (`EXIT_WITHIN` seconds; SIGALRM's default action ends the process should the
-clean-up hang), runs the clean-up the worker registered (`on_parent_death`:
-release every session), and exits. The signal's default action, before the
+clean-up hang), runs the clean-ups the worker registered (`on_parent_death`,
+in order: close its copy of the public socket, release every session), and
+exits. The signal's default action, before the
 handler is in place, ends the process too.
 
 Linux only; elsewhere `die_with_parent` does nothing and the tick's poll stays
@@ -36,22 +37,23 @@ logger = logging.getLogger("gym_sessions.supervisor")
 
 #: The signal the kernel sends a worker when its supervisor dies (no uvicorn use).
 DEATH_SIGNAL = signal.SIGUSR2
-#: Seconds an orphaned worker has for its clean-up before the kernel ends it.
-EXIT_WITHIN = 3
+#: Seconds an orphaned worker has for its clean-up before the kernel ends it: the
+#: REPL sandbox may take 5 s to see every process of a stubborn session gone.
+EXIT_WITHIN = 10
 
 _PR_SET_PDEATHSIG = 1
 _cleanups: list[Callable[[], None]] = []
 
 
 def on_parent_death(cleanup: Callable[[], None]) -> None:
-    """Run ``cleanup`` (synchronous, quick) when the supervisor dies, before the worker exits."""
+    """Run ``cleanup`` (synchronous, quick) when the supervisor dies, after those added before."""
     _cleanups.append(cleanup)
 
 
 def _exit_orphaned(signum: int, frame: FrameType | None) -> None:
     signal.alarm(EXIT_WITHIN)
     logger.warning("worker %d: supervisor gone, releasing sessions and exiting", os.getpid())
-    for cleanup in reversed(_cleanups):
+    for cleanup in _cleanups:
         try:
             cleanup()
         except Exception:  # one failed clean-up must not keep the others from running

@@ -175,6 +175,9 @@ class _WorkerProcess(Process):
         super().__init__(config, sockets)
 
     def target(self, sockets: list[Any] | None = None) -> None:
+        # An orphan first stops taking connections on the public port, then
+        # releases its sessions (registered once the app has started).
+        on_parent_death(lambda: [sock.close() for sock in sockets or ()])
         die_with_parent(self.supervisor_pid)
         super().target(sockets)
 
