@@ -18,7 +18,7 @@ import aiohttp
 
 from gym_sessions.routing.claim_store import FileClaimStore
 from gym_sessions.routing.router import WORKER_HEADER
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.runtime_dir import RuntimeDirectory
 from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, SESSION_COOKIE
 
 __all__ = [

@@ -292,7 +292,7 @@ def registered_workers(redis_url: str) -> set[str]:
     """The ids of the workers registered in Redis (servers with Redis claims)."""
     import redis
 
-    from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX
+    from gym_sessions.routing.keys import REGISTRATION_PREFIX
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:

@@ -21,6 +21,7 @@ from typing import Any
 
 import uvicorn
 
+from gym_sessions.metrics.directory import MetricsDirectory
 from gym_sessions.non_dumpable import make_process_non_dumpable
 from gym_sessions.server.app import create_app
 from gym_sessions.server.targets import load_target
@@ -84,8 +85,6 @@ def _forget_live_gauges_of_this_pid(settings: Settings) -> None:
     removed it in between. Before the target is imported, so no gauge of this
     process (the env's own included) exists yet.
     """
-    from gym_sessions.metrics.directory import MetricsDirectory
-
     if settings.runtime_dir is not None:
         directory = MetricsDirectory.of(settings.runtime_dir)
         if directory.active:

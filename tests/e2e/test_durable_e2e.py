@@ -18,7 +18,7 @@ from envs.counter_load import claim_owner, client_session, make_episodes
 from gym_sessions import RemoteEnv
 from gym_sessions.client.step_recovery import OBSERVE_REQUEST
 from gym_sessions.metrics.status import parse_samples
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.runtime_dir import RuntimeDirectory
 
 from .durable_player import LOST, DurablePlayer
 

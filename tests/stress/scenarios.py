@@ -33,7 +33,8 @@ from envs.counter_load import (
     play,
     play_over_mcp,
 )
-from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX, RedisClaimStore
+from gym_sessions.routing.keys import REGISTRATION_PREFIX
+from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.server.process import ServerProcess
 from tests.stress.targets import FAULT_HEADER, MARK_HEADER, SLOW_STEP_SECONDS, mark_path
 

@@ -385,7 +385,7 @@ asyncio.run(main())
 
 
 async def test_an_untested_uvicorn_turns_handoff_off(handoff_cluster, monkeypatch):
-    from gym_sessions.server.http_protocol import BoundedHttpProtocol
+    from gym_sessions.transport.http_protocol import BoundedHttpProtocol
 
     # What `_uvicorn_tested()` gives on a uvicorn outside TESTED_UVICORN.
     monkeypatch.setattr(BoundedHttpProtocol, "handoff_enabled", False)

@@ -39,8 +39,8 @@ from gym_sessions.errors import (
     error_body,
     error_headers,
 )
-from gym_sessions.routing.handoff import CONNECTION_SCOPE_KEY, HANDED_IN_SCOPE_KEY
-from gym_sessions.server.coalesced_cycle import CoalescedCycle
+from gym_sessions.scope_keys import CONNECTION_SCOPE_KEY, HANDED_IN_SCOPE_KEY
+from gym_sessions.transport.coalesced_cycle import CoalescedCycle
 
 __all__ = ["TESTED_UVICORN", "BoundedHttpProtocol"]
 
