@@ -42,9 +42,11 @@ test: venv
 test-slow: venv
 	$(BIN)/python -m pytest -q -ra --durations=15 -m slow -n auto --dist loadgroup
 
+# lint-imports: the layering rules of docs/design.md §2 (contracts in pyproject.toml).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 	$(MAKE) docs
 
 # The docs site (mkdocs.yml): --strict fails on a broken link or anchor, a page left out
@@ -56,7 +58,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 clean:
-	rm -rf "$(VENV)" build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf "$(VENV)" build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis .import_linter_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Container image (docs/deployment.md). The base is built from Debian packages
