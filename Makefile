@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv demo test test-slow lint typecheck docs clean image base-image
+.PHONY: venv demo test test-slow lint typecheck docs uvicorn-latest clean image base-image
 
 venv: $(STAMP)
 
@@ -56,6 +56,12 @@ docs: venv
 
 typecheck: venv
 	$(BIN)/mypy
+
+# gym_sessions/transport rests on uvicorn's internals, gated to TESTED_UVICORN: its
+# tests on the newest uvicorn, in a second venv (.ci/uvicorn-latest says what it shows).
+UVICORN_VENV ?= build/uvicorn-latest
+uvicorn-latest: venv
+	VENV=$(VENV) UVICORN_VENV=$(UVICORN_VENV) .ci/uvicorn-latest
 
 clean:
 	rm -rf "$(VENV)" build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis .import_linter_cache

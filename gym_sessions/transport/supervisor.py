@@ -53,7 +53,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from gym_sessions.runtime_dir import SERVER_MARK, STOPPING, RuntimeDirectory
-from gym_sessions.transport.http_protocol import BoundedHttpProtocol
+from gym_sessions.transport.http_protocol import TESTED_UVICORN, BoundedHttpProtocol
 from gym_sessions.transport.parent_death import die_with_parent, on_parent_death
 
 __all__ = ["DRAIN_SIGNAL", "DrainableServer", "SupervisedApp", "Supervisor", "worker_app"]
@@ -145,10 +145,11 @@ class DrainableServer(Server):
             return
         if not cls.handoff_enabled:
             logger.warning(
-                "worker %s: connection handoff off (uvicorn %s is not a tested version): "
-                "requests are forwarded",
+                "worker %s: connection handoff off (uvicorn %s is not a tested version; tested: "
+                "%s): requests are forwarded, replies written as uvicorn writes them",
                 app.worker_id,
                 uvicorn.__version__,
+                ", ".join(f"{major}.{minor}" for major, minor in TESTED_UVICORN),
             )
             return
 
