@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv demo test test-slow lint typecheck docs clean image base-image
+.PHONY: venv demo test test-slow lint typecheck docs uvicorn-latest clean image base-image
 
 venv: $(STAMP)
 
@@ -42,9 +42,11 @@ test: venv
 test-slow: venv
 	$(BIN)/python -m pytest -q -ra --durations=15 -m slow -n auto --dist loadgroup
 
+# lint-imports: the layering rules of docs/design.md §2 (contracts in pyproject.toml).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 	$(MAKE) docs
 
 # The docs site (mkdocs.yml): --strict fails on a broken link or anchor, a page left out
@@ -55,8 +57,14 @@ docs: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# gym_sessions/transport rests on uvicorn's internals, gated to TESTED_UVICORN: its
+# tests on the newest uvicorn, in a second venv (.ci/uvicorn-latest says what it shows).
+UVICORN_VENV ?= build/uvicorn-latest
+uvicorn-latest: venv
+	VENV=$(VENV) UVICORN_VENV=$(UVICORN_VENV) .ci/uvicorn-latest
+
 clean:
-	rm -rf "$(VENV)" build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf "$(VENV)" build dist site *.egg-info .pytest_cache .ruff_cache .hypothesis .import_linter_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Container image (docs/deployment.md). The base is built from Debian packages

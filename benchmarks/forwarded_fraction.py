@@ -12,7 +12,7 @@ routed server, from three clients:
 
 Each session request is classified without any product change: a request is
 *forwarded* when the worker that accepted its connection is not the worker
-whose claim file names the session (`envs.counter_load.claim_owner`), else
+whose claim file names the session (`tests.services.claim_owner`), else
 *local*. The accepting worker is learned
 
 - for (a) and (b), whose connections are chosen inside ``RemoteEnv`` and
@@ -47,8 +47,9 @@ import gymnasium
 from _common import markdown_table
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
-from envs.counter_load import Episode, claim_owner, make_episodes, play
+from envs.counter_load import Episode, make_episodes, play
 from gym_sessions.server.process import ServerProcess, start_server
+from tests.services import claim_owner
 
 TARGET = "envs.counter:CounterEnv"
 WORKERS = 4

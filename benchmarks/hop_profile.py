@@ -41,7 +41,7 @@ from typing import Any
 import _common
 from _common import markdown_table
 
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.runtime_dir import RuntimeDirectory
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.server.targets import load_target
 from gym_sessions.settings import Settings

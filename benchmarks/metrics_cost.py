@@ -48,7 +48,7 @@ _IN_PROCESS = textwrap.dedent(
     os.mkdir(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     from envs.counter import CounterEnv
     from gym_sessions.metrics import WorkerMetrics, MetricsDirectory
-    from gym_sessions.routing.router import Served
+    from gym_sessions.scope_keys import Served
     from gym_sessions.server.app import WorkerApp
     from gym_sessions.server.env_server import GymEnvServer
     from gym_sessions.settings import Settings

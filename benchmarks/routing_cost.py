@@ -43,8 +43,8 @@ from typing import Any
 import _common
 from _common import RawConnection, connections_by_worker, markdown_table, session_cookie
 
-from envs.counter_load import claim_owner
 from gym_sessions.server.process import ServerProcess, start_server
+from tests.services import claim_owner
 
 TARGET = "envs.counter:CounterEnv"
 WORKERS = 4

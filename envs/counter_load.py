@@ -16,14 +16,10 @@ from typing import Any
 
 import aiohttp
 
-from gym_sessions.routing.claim_store import FileClaimStore
-from gym_sessions.routing.router import WORKER_HEADER
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
-from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, SESSION_COOKIE
+from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, DEBUG_WORKER_HEADER, SESSION_COOKIE
 
 __all__ = [
     "Episode",
-    "claim_owner",
     "client_session",
     "make_episodes",
     "play",
@@ -31,7 +27,7 @@ __all__ = [
     "play_over_mcp",
 ]
 
-_WORKER = WORKER_HEADER.decode()
+_WORKER = DEBUG_WORKER_HEADER
 
 
 @dataclass
@@ -176,8 +172,3 @@ async def play_over_mcp(client: aiohttp.ClientSession, url: str, episode: Episod
     observed = (result.get("structuredContent") or {}).get("observation")
     episode.reward = 1.0 if observed == episode.expected else 0.0
     return episode
-
-
-def claim_owner(runtime_dir: str, session_id: str) -> str | None:
-    """The worker id in a session's claim file, or ``None``."""
-    return FileClaimStore(RuntimeDirectory(runtime_dir).claims_dir, "reader").read_now(session_id)

@@ -109,7 +109,6 @@ from typing import Any
 
 from starlette.requests import Request
 
-from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     CapacityReachedError,
     EnvError,
@@ -117,7 +116,6 @@ from gym_sessions.errors import (
     SessionClosedError,
     StartupError,
 )
-from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.server import BodySchema, Field, ResourcesServer, Tool, session_id
 from gym_sessions.settings import Settings
 
@@ -425,11 +423,11 @@ class PythonReplServer(ResourcesServer):
                 f"max_interpreters = {settings.workers * self.max_interpreters}"
             )
 
-    def bind(
-        self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
-    ) -> None:
-        super().bind(settings, claims, credentials)
-        self.sandbox.configure(settings.unsandboxed)
+    def bind(self, *args: Any, **kwargs: Any) -> None:
+        # Passed through whole: the base class keeps what it is given; only
+        # the settings it stored are read here.
+        super().bind(*args, **kwargs)
+        self.sandbox.configure(self.settings.unsandboxed)
         self.sandbox.become_reaper()
         swept = self.sandbox.sweep_abandoned()  # what a killed worker left running
         logger.info("python_repl: %s; %d abandoned uids cleaned", self.sandbox.describe(), swept)

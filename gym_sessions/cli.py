@@ -112,12 +112,12 @@ def serve(
     import uvicorn
 
     from gym_sessions.metrics.directory import MetricsDirectory
-    from gym_sessions.routing.runtime_dir import RuntimeDirectory
+    from gym_sessions.runtime_dir import RuntimeDirectory
     from gym_sessions.server.base import SessionServer
-    from gym_sessions.server.http_protocol import BoundedHttpProtocol
-    from gym_sessions.server.supervisor import Supervisor
     from gym_sessions.server.targets import ServeTarget, load_target
     from gym_sessions.server.worker import WorkerConfig, WorkerSpec
+    from gym_sessions.transport.http_protocol import BoundedHttpProtocol
+    from gym_sessions.transport.supervisor import Supervisor
 
     if env_kwargs:
         target = ServeTarget(target, env_kwargs)

@@ -4,12 +4,16 @@ Kept here, in a module that imports nothing, so the client never imports the
 server to learn them and neither side can drift from the other.
 """
 
+import re
+
 __all__ = [
     "CLOSE_FOLLOWS_HEADER",
+    "DEBUG_WORKER_HEADER",
     "EPISODE_LENGTH_HEADER",
     "PYTHON_INT_FIELD",
     "SESSION_COOKIE",
     "START_BESIDE_HEADER",
+    "route_path",
 ]
 
 #: The session cookie's default name (``Settings.session_cookie`` may rename it).
@@ -23,6 +27,10 @@ CLOSE_FOLLOWS_HEADER = "x-gym-close-follows"
 #: room (a vector env's group shares a worker, so one step batch steps it).
 START_BESIDE_HEADER = "x-gym-start-beside"
 
+#: On every reply of a server started with ``--debug-worker-header``: the id of
+#: the worker that served the request (the session's holder).
+DEBUG_WORKER_HEADER = "x-gym-worker"
+
 #: On ``/step``: the episode's length before this step, as the client counts it.
 #: The step runs only if the server counts the same (else 409 ``step_out_of_order``,
 #: nothing changed): a send delayed in a hop that died, arriving after the client
@@ -33,3 +41,12 @@ EPISODE_LENGTH_HEADER = "x-gym-episode-length"
 #: ``true`` when the served env returned its Discrete observation as a Python
 #: ``int``, which the client then gives back instead of a numpy integer.
 PYTHON_INT_FIELD = "observation_python_int"
+
+#: Every route is served bare and under this prefix (``/rollouts/{rollout_id}/reset``).
+_ROLLOUT_PREFIX = re.compile(r"/rollouts/[^/]+(?=/)")
+
+
+def route_path(path: str) -> str:
+    """``path`` without its ``/rollouts/{rollout_id}`` prefix."""
+    match = _ROLLOUT_PREFIX.match(path)
+    return path[match.end() :] if match else path

@@ -12,9 +12,40 @@ from types import ModuleType
 
 import aiohttp
 import pytest
+import uvicorn
 
 from gym_sessions.server.process import ServerProcess, start_server
+from gym_sessions.transport.http_protocol import BoundedHttpProtocol, uvicorn_tested
 from tests.services import RedisDatabase, RedisProcess, require
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--open-uvicorn-gate",
+        action="store_true",
+        help="in this process, hand connections over and coalesce replies on an untested "
+        "uvicorn too (make uvicorn-latest: do the internals still work there?)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--open-uvicorn-gate"):
+        BoundedHttpProtocol.handoff_enabled = True
+        BoundedHttpProtocol.coalesces_replies = True
+
+
+def needs_handoff(*, in_process: bool = True) -> pytest.MarkDecorator:
+    """Skip a test that needs connection handoff where the uvicorn gate turned it off.
+
+    Call it at a test module's import (after ``--open-uvicorn-gate`` took effect);
+    ``in_process=False`` for tests of server processes, which the option never opens.
+    """
+    enabled = BoundedHttpProtocol.handoff_enabled if in_process else uvicorn_tested()
+    return pytest.mark.skipif(
+        not enabled,
+        reason=f"uvicorn {uvicorn.__version__} is not in TESTED_UVICORN: handoff is off "
+        "(tests/test_uvicorn_gate.py checks the hop that replaces it)",
+    )
 
 
 def require_or_skip(program: str, package: str) -> None:

@@ -1,4 +1,4 @@
-"""Run ``redis-server`` and ``nginx`` as child processes on loopback; see Redis registrations.
+"""Run ``redis-server`` and ``nginx`` as child processes on loopback; see claims and registrations.
 
 For the tests, the benchmarks and trying several "hosts" on one machine: each
 gets a private temporary directory, a free loopback port and is stopped by its
@@ -22,6 +22,7 @@ __all__ = [
     "NginxProcess",
     "RedisDatabase",
     "RedisProcess",
+    "claim_owner",
     "free_port",
     "registered_workers",
     "require",
@@ -288,11 +289,19 @@ def run_nginx(
         proxy.close()
 
 
+def claim_owner(runtime_dir: str, session_id: str) -> str | None:
+    """The worker id in a session's claim file (a server with file claims), or ``None``."""
+    from gym_sessions.routing.claim_store import FileClaimStore
+    from gym_sessions.runtime_dir import RuntimeDirectory
+
+    return FileClaimStore(RuntimeDirectory(runtime_dir).claims_dir, "reader").read_now(session_id)
+
+
 def registered_workers(redis_url: str) -> set[str]:
     """The ids of the workers registered in Redis (servers with Redis claims)."""
     import redis
 
-    from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX
+    from gym_sessions.routing.keys import REGISTRATION_PREFIX
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:

@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from gym_sessions.server.http_protocol import BoundedHttpProtocol
+from gym_sessions.transport.http_protocol import BoundedHttpProtocol
 
 pytestmark = pytest.mark.skipif(
     not BoundedHttpProtocol.coalesces_replies, reason="this uvicorn's cycle is not coalesced"
@@ -177,9 +177,9 @@ async def test_an_app_failing_after_its_start_still_sends_the_head_then_closes()
 
 
 def test_private_listeners_write_a_hops_reply_head_first():
-    from gym_sessions.routing.private_listener import _protocol_class
+    from gym_sessions.transport.private_listener import PrivateHttpProtocol
 
-    assert not _protocol_class().coalesces_replies
+    assert not PrivateHttpProtocol.coalesces_replies
 
 
 async def test_a_head_request_gets_its_head_alone_and_the_connection_stays():

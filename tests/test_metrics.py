@@ -21,7 +21,7 @@ from gym_sessions.metrics import CONTENT_TYPE, MetricsAccess, WorkerMetrics
 from gym_sessions.metrics.access import is_loopback
 from gym_sessions.metrics.recorder import RouteLabels
 from gym_sessions.metrics.status import estimate_quantile, parse_samples, status_table
-from gym_sessions.routing.router import Served
+from gym_sessions.scope_keys import Served
 from gym_sessions.secret_source import read_secret_file
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.server.env_server import GymEnvServer

@@ -26,9 +26,9 @@ from gym_sessions.errors import BadGatewayError, ForbiddenError, SessionGoneErro
 from gym_sessions.routing import stream_forwarder
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import HolderRefusedError
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
 from gym_sessions.routing.stream_forwarder import StreamForwarder, _Connection, _request_head
 from gym_sessions.routing.worker_endpoints import UnixEndpoints
+from gym_sessions.runtime_dir import RuntimeDirectory
 
 WORKER = "w1-claimant"
 SECRET = "stream-forwarder-test-secret-" + "x" * 20

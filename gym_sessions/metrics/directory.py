@@ -23,7 +23,7 @@ import glob
 import os
 import re
 
-from gym_sessions.routing.runtime_dir import process_exists
+from gym_sessions.runtime_dir import process_exists
 
 __all__ = ["MULTIPROC_ENV", "MetricsDirectory"]
 

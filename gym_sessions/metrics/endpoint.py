@@ -17,12 +17,16 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gym_sessions.error_reply import send_error
 from gym_sessions.errors import HTTPError, InvalidTokenError
 from gym_sessions.metrics.access import MetricsAccess
 from gym_sessions.metrics.recorder import CONTENT_TYPE, WorkerMetrics
-from gym_sessions.routing.handoff import GIVEN_AWAY_SCOPE_KEY
-from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
-from gym_sessions.routing.router import SERVED_SCOPE_KEY, Served, send_error
+from gym_sessions.scope_keys import (
+    GIVEN_AWAY_SCOPE_KEY,
+    PRIVATE_SCOPE_KEY,
+    SERVED_SCOPE_KEY,
+    Served,
+)
 
 __all__ = ["METRICS_PATH", "MetricsMiddleware"]
 

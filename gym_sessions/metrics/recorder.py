@@ -41,8 +41,8 @@ from prometheus_client import values as prometheus_values
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gym_sessions.metrics.directory import MetricsDirectory
-from gym_sessions.routing.router import Served
-from gym_sessions.routing.session_ids import route_path
+from gym_sessions.scope_keys import Served
+from gym_sessions.wire import route_path
 
 __all__ = [
     "CONTENT_TYPE",

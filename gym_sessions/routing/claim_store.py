@@ -33,12 +33,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from gym_sessions.errors import OverloadedError, out_of_resources
-from gym_sessions.routing.runtime_dir import worker_process_exists
+from gym_sessions.routing.keys import claim_name
+from gym_sessions.runtime_dir import worker_process_exists
 
 if TYPE_CHECKING:
-    from gym_sessions.routing.session_snapshots import FileSnapshotStore
+    from gym_sessions.routing.snapshot_store import FileSnapshotStore
 
-__all__ = ["ClaimStore", "FileClaimStore", "LocalClaimStore", "claim_name"]
+__all__ = ["ClaimStore", "FileClaimStore", "LocalClaimStore"]
 
 
 class ClaimStore(Protocol):
@@ -101,11 +102,6 @@ def _overloaded_on_exhaustion() -> Iterator[None]:
         if out_of_resources(exc):
             raise OverloadedError(f"this worker is short of resources: {exc.strerror}") from exc
         raise
-
-
-def claim_name(session_id: str) -> str:
-    """A claim's name in a store: a hash, so no id can name a path or a key pattern."""
-    return hashlib.sha256(session_id.encode()).hexdigest()
 
 
 # A takeover under way elsewhere takes microseconds (no awaits, local files):

@@ -26,7 +26,7 @@ import time
 from starlette.types import Scope
 
 from gym_sessions.errors import ForbiddenError
-from gym_sessions.routing.forwarder import (
+from gym_sessions.routing.hop_headers import (
     SIGNATURE_HEADER,
     forwarded_headers,
     hop_marks,

@@ -27,14 +27,13 @@ from typing import Any
 
 from starlette.types import Scope
 
-from gym_sessions.routing.forwarder import forwarded_headers, request_target
+from gym_sessions.routing.hop_headers import forwarded_headers, request_target
+from gym_sessions.scope_keys import CONNECTION_SCOPE_KEY, GIVEN_AWAY_SCOPE_KEY
+from gym_sessions.transport.http_protocol import BoundedHttpProtocol
 
 __all__ = [
     "ACK_REFUSED",
     "ACK_TAKEN",
-    "CONNECTION_SCOPE_KEY",
-    "GIVEN_AWAY_SCOPE_KEY",
-    "HANDED_IN_SCOPE_KEY",
     "MAGIC",
     "MAX_MESSAGE_BYTES",
     "Handoff",
@@ -49,14 +48,6 @@ __all__ = [
 
 logger = logging.getLogger("gym_sessions.routing")
 
-#: In every request's scope on a public listener: the `BoundedHttpProtocol` that received it.
-CONNECTION_SCOPE_KEY = "gym_sessions.connection"
-#: In the scope of a request replayed on a connection handed to this worker:
-#: the id of the worker that handed it over.
-HANDED_IN_SCOPE_KEY = "gym_sessions.handed_in"
-#: In the scope of a request whose connection this worker gave away (nothing is
-#: counted here: the holder counts the request it served).
-GIVEN_AWAY_SCOPE_KEY = "gym_sessions.given_away"
 #: First bytes of every handoff message (a version: both ends run the same code).
 MAGIC = b"GSH1"
 ACK_TAKEN = b"\x01"
@@ -275,9 +266,6 @@ class Handoff:
         ``True`` means the holder took the connection: this worker sends
         nothing for the request and reads nothing more from the connection.
         """
-        # Imported here: gym_sessions.server imports the router, which imports this module.
-        from gym_sessions.server.http_protocol import BoundedHttpProtocol
-
         connection = scope.get(CONNECTION_SCOPE_KEY)
         if not isinstance(connection, BoundedHttpProtocol) or not connection.handoff_enabled:
             return self._hop(HopReason.PROTOCOL)

@@ -27,8 +27,8 @@ from types import MappingProxyType
 
 from gym_sessions.errors import ClaimsUnavailableError, SessionConflictError, SessionGoneError
 from gym_sessions.routing.claim_store import ClaimStore
+from gym_sessions.routing.incarnations import Incarnation
 from gym_sessions.routing.owner_cache import OwnerCache
-from gym_sessions.routing.session_access import Incarnation
 
 __all__ = [
     "EXPIRY_MARGIN_SECONDS",

@@ -51,8 +51,10 @@ from typing import Any, Protocol
 import redis.asyncio
 
 from gym_sessions.errors import ClaimsUnavailableError
+from gym_sessions.routing.keys import LOAD_KEY
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.runtime_dir import worker_process_exists
+from gym_sessions.routing.redis_connection import call_redis
+from gym_sessions.runtime_dir import worker_process_exists
 
 __all__ = [
     "PLACED_SLACK",
@@ -239,7 +241,7 @@ class RedisLoadBoard:
         deadline: Seconds one Redis call may take (`call_redis`).
     """
 
-    key = "gym_sessions:load"
+    key = LOAD_KEY
     # The target writes its new load one round trip after it counted the start
     # (its reply may come first): keep counting the start here a little longer.
     settle_seconds = 0.25
@@ -266,8 +268,6 @@ class RedisLoadBoard:
             self._writer = asyncio.ensure_future(self._write())
 
     async def _write(self) -> None:
-        from gym_sessions.routing.redis_claims import call_redis
-
         try:
             while self._written != self._value and not self._closed:
                 value = self._value
@@ -294,8 +294,6 @@ class RedisLoadBoard:
         self._reading = None
 
     async def _read(self) -> dict[str, WorkerLoad]:
-        from gym_sessions.routing.redis_claims import call_redis
-
         found = await call_redis(
             self._read_script(keys=[self.key], args=[self.registration_prefix]), self.deadline
         )
@@ -311,8 +309,6 @@ class RedisLoadBoard:
         return loads
 
     async def close(self) -> None:
-        from gym_sessions.routing.redis_claims import call_redis
-
         self._closed = True
         if self._writer is not None:
             self._writer.cancel()

@@ -58,32 +58,32 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, cast
 
 import redis
 import redis.asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from gym_sessions.errors import ClaimsUnavailableError, StartupError
-from gym_sessions.routing.claim_store import claim_name
-from gym_sessions.routing.session_snapshots import snapshot_key
+from gym_sessions.routing.keys import (
+    CLAIM_PREFIX,
+    EPOCH_KEY,
+    INDEX_PREFIX,
+    INDEXED_WORKERS_KEY,
+    REGISTRATION_PREFIX,
+    claim_name,
+    snapshot_key,
+)
+from gym_sessions.routing.redis_connection import STORE_DEADLINE_SECONDS, call_redis
 
 __all__ = [
-    "REGISTRATION_PREFIX",
-    "STORE_DEADLINE_SECONDS",
     "EntrySigner",
     "RedisClaimStore",
     "WorkerRegistry",
-    "call_redis",
     "check_redis",
-    "connect_redis",
-    "connect_redis_blocking",
 ]
 
 logger = logging.getLogger("gym_sessions.routing")
 
-KEY_PREFIX = "gym_sessions:"
 # A worker's registration lives this long without a heartbeat; heartbeats come
 # a few times per period, so one slow Redis reply does not unregister a worker.
 REGISTRATION_SECONDS = 10.0
@@ -94,21 +94,7 @@ _REAP_BATCH = 500
 # After Redis came back empty, a claim miss is "no answer" (503) this long, while
 # every holder's next heartbeat writes its claims back.
 RESTORE_GRACE_SECONDS = 3 * HEARTBEAT_SECONDS
-_EPOCH_KEY = KEY_PREFIX + "epoch"
-REGISTRATION_PREFIX = KEY_PREFIX + "worker:"
-# A refused or reset connection fails at once; these bound a Redis that hangs.
-# They are generous because a worker's event loop may lag by seconds under a
-# burst, and a late reply is not a lost store. The deadline bounds a whole
-# call (waiting for a pooled connection, connecting, the reply); the socket
-# timeouts only back it up.
-STORE_DEADLINE_SECONDS = 10.0
-_CONNECT_TIMEOUT_SECONDS = 2.0
-_REPLY_TIMEOUT_SECONDS = STORE_DEADLINE_SECONDS
-_POOL_WAIT_SECONDS = STORE_DEADLINE_SECONDS
 _ADDRESS_CACHE_SIZE = 4096
-_MAX_CONNECTIONS = 64
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -595,34 +581,6 @@ def _unsigned(what: str) -> ClaimsUnavailableError:
     )
 
 
-def connect_redis(url: str) -> redis.asyncio.Redis:
-    """An asyncio Redis client for ``url`` that fails fast when Redis is gone.
-
-    Its pool is bounded and blocking: a burst of requests waits briefly for a
-    connection instead of failing with "too many connections".
-    """
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url,
-        max_connections=_MAX_CONNECTIONS,
-        timeout=_POOL_WAIT_SECONDS,
-        socket_connect_timeout=_CONNECT_TIMEOUT_SECONDS,
-        socket_timeout=_REPLY_TIMEOUT_SECONDS,
-        retry=Retry(NoBackoff(), 1),
-        decode_responses=True,
-    )
-    return redis.asyncio.Redis.from_pool(pool)
-
-
-def connect_redis_blocking(url: str) -> redis.Redis:
-    """A blocking Redis client for ``url``, for the heartbeat thread (same timeouts)."""
-    return redis.Redis.from_url(
-        url,
-        socket_connect_timeout=_CONNECT_TIMEOUT_SECONDS,
-        socket_timeout=_REPLY_TIMEOUT_SECONDS,
-        decode_responses=True,
-    )
-
-
 def check_redis(url: str) -> None:
     """Fail start-up with one clear line if Redis at ``url`` does not answer.
 
@@ -663,24 +621,6 @@ def _check_eviction(client: redis.Redis, url: str) -> None:
             "claim or registration makes live sessions look gone or unknown; set "
             "maxmemory-policy noeviction (or no maxmemory) for its database"
         )
-
-
-async def call_redis(operation: Awaitable[_T], deadline: float) -> _T:
-    """Await a Redis call bounded by ``deadline`` seconds; failures are `ClaimsUnavailableError`."""
-    return await _call(operation, deadline)
-
-
-async def _call(operation: Awaitable[_T], deadline: float) -> _T:
-    try:
-        async with asyncio.timeout(deadline):
-            return await operation
-    except TimeoutError as exc:
-        # Cancelling a command mid-reply is safe: redis-py drops that connection.
-        raise ClaimsUnavailableError(
-            f"the claim store did not answer within {deadline:g} s"
-        ) from exc
-    except (redis.RedisError, OSError) as exc:
-        raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
 
 
 async def _scan_all(client: Any, pattern: str) -> list[str]:
@@ -750,7 +690,7 @@ class WorkerRegistry:
         known = self._known.get(worker_id)
         if known is not None:
             return known
-        registration = await _call(self.client.get(self.key_prefix + worker_id), self.deadline)
+        registration = await call_redis(self.client.get(self.key_prefix + worker_id), self.deadline)
         self.remember(worker_id, cast("str | None", registration), None)  # decoded replies
         return self._known.get(worker_id)
 
@@ -769,7 +709,7 @@ class WorkerRegistry:
             ClaimsUnavailableError: Redis cannot be reached.
         """
         pattern = self.key_prefix + "*"
-        keys = await _call(_scan_all(self.client, pattern), self.deadline)
+        keys = await call_redis(_scan_all(self.client, pattern), self.deadline)
         return [key[len(self.key_prefix) :] for key in keys]
 
     async def register(self, host: str, port: int) -> None:
@@ -795,7 +735,7 @@ class WorkerRegistry:
     def _register_args(self, mode: str) -> _RegisterArgs:
         return _RegisterArgs(
             registration_key=self.key_prefix + self.worker_id,
-            epoch_key=_EPOCH_KEY,
+            epoch_key=EPOCH_KEY,
             registration=self._registration,
             ttl_ms=int(REGISTRATION_SECONDS * 1000),
             mode=mode,
@@ -805,7 +745,7 @@ class WorkerRegistry:
     async def _write(self, mode: str) -> bool:
         assert self.address is not None
         started = self._clock()
-        existed, epoch = await _call(
+        existed, epoch = await call_redis(
             self._register(**self._register_args(mode).call()), self.deadline
         )
         self.last_registered = started
@@ -857,7 +797,7 @@ class WorkerRegistry:
 
     async def unregister(self) -> None:
         """Remove this worker's registration: its sessions get 410 at once."""
-        await _call(self.client.delete(self.key_prefix + self.worker_id), self.deadline)
+        await call_redis(self.client.delete(self.key_prefix + self.worker_id), self.deadline)
 
     async def run_heartbeat(
         self,
@@ -969,9 +909,9 @@ class RedisClaimStore:
     """
 
     expires = True
-    claim_prefix = KEY_PREFIX + "claim:"
-    index_prefix = KEY_PREFIX + "claims_of:"
-    indexed_workers_key = KEY_PREFIX + "indexed_workers"
+    claim_prefix = CLAIM_PREFIX
+    index_prefix = INDEX_PREFIX
+    indexed_workers_key = INDEXED_WORKERS_KEY
 
     def __init__(
         self,
@@ -1022,7 +962,7 @@ class RedisClaimStore:
         return cls.claim_prefix + claim_name(session_id)
 
     def _run(self, script: Any, args: _ScriptArgs) -> Awaitable[Any]:
-        return _call(script(**args.call()), self.registry.deadline)
+        return call_redis(script(**args.call()), self.registry.deadline)
 
     def _mine(self, session_id: str) -> tuple[str, str]:
         """The claim name of ``session_id`` and this worker's signed value for it."""
@@ -1046,7 +986,7 @@ class RedisClaimStore:
             claim_name=name,
             registration_prefix=self.registry.key_prefix,
             orphan_ms=self._orphan_ms,
-            epoch_key=_EPOCH_KEY,
+            epoch_key=EPOCH_KEY,
             grace_ms=self._grace_ms,
             restoring=restoring,
             worker_id=self.worker_id,
@@ -1072,7 +1012,7 @@ class RedisClaimStore:
         address = self.registry.signer.read_registration(worker_id, registration)
         name = claim_name(session_id)
         value = self.registry.signer.claim_value(name, worker_id, address)
-        written = await _call(
+        written = await call_redis(
             self.client.set(self.claim_prefix + name, value, nx=True), self.registry.deadline
         )
         if not written:
@@ -1086,7 +1026,7 @@ class RedisClaimStore:
             claim_key=self.key(session_id),
             registration_prefix=self.registry.key_prefix,
             orphan_ms=self._orphan_ms,
-            epoch_key=_EPOCH_KEY,
+            epoch_key=EPOCH_KEY,
             grace_ms=self._grace_ms,
         )
         return await self._holder(session_id, parse_claim_reply(await self._run(self._read, args)))
@@ -1127,7 +1067,7 @@ class RedisClaimStore:
             return False
         key = self.registry.key_prefix + worker_id
         deadline = time.monotonic() + REGISTRATION_SECONDS + HEARTBEAT_SECONDS
-        while await _call(self.client.exists(key), self.registry.deadline):
+        while await call_redis(self.client.exists(key), self.registry.deadline):
             if time.monotonic() > deadline or not await _refuses(claimed):
                 return False
             await asyncio.sleep(_LAPSE_POLL_SECONDS)
@@ -1157,7 +1097,7 @@ class RedisClaimStore:
             claim_value=value,
             claim_name=name,
             worker_id=self.worker_id,
-            epoch_key=_EPOCH_KEY,
+            epoch_key=EPOCH_KEY,
             grace_ms=self._grace_ms,
         )
         found = await self._run(self._take_over, args)
@@ -1213,7 +1153,7 @@ class RedisClaimStore:
             )
         if holder is not None and holder != self.worker_id:
             # Another worker's genuine claim: it took the id over after ours expired.
-            await _call(self.client.srem(self.index_key, name), self.registry.deadline)
+            await call_redis(self.client.srem(self.index_key, name), self.registry.deadline)
             return False
         # Still ours: write our value back over the one found, if nothing changed since.
         found = await self._run(self._keep, dataclasses.replace(args, unsigned_value=found))
@@ -1232,7 +1172,9 @@ class RedisClaimStore:
         # The clients decode replies (decode_responses=True): members are str.
         workers = cast(
             "set[str]",
-            await _call(self.client.smembers(self.indexed_workers_key), self.registry.deadline),
+            await call_redis(
+                self.client.smembers(self.indexed_workers_key), self.registry.deadline
+            ),
         )
         reaped = 0
         for worker_id in workers:

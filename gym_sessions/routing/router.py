@@ -29,7 +29,6 @@ nothing, so ids, cookies, conflicts and lifetimes behave the same.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import random
 import time
@@ -41,10 +40,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_sessions import strict_json
 from gym_sessions.credentials import SessionCredentials
+from gym_sessions.error_reply import send_error
 from gym_sessions.errors import (
     BodyTooLargeError,
     CapacityReachedError,
-    ForbiddenError,
     HeadersTooLargeError,
     HTTPError,
     InternalServerError,
@@ -52,35 +51,29 @@ from gym_sessions.errors import (
     RequestTimeoutError,
     SessionConflictError,
     SessionGoneError,
-    error_body,
-    error_headers,
-    jsonrpc_error_body,
     out_of_resources,
 )
 from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
 from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.routing.forwarder import (
+from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone, hop_error
+from gym_sessions.routing.handoff import Handoff, HandoffCounts
+from gym_sessions.routing.hop_headers import (
     HELD_MARK,
     HOP_MARKS_KEY,
     NOT_HELD_HEADER,
     PLACED_MARK,
-    Forwarder,
-    HolderRefusedError,
-    holder_gone,
-    hop_error,
     received_mark,
 )
-from gym_sessions.routing.handoff import HANDED_IN_SCOPE_KEY, Handoff, HandoffCounts
+from gym_sessions.routing.incarnations import Incarnation
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.placement import PLACEMENT_ROUNDS, Placement, refuses_placed
-from gym_sessions.routing.private_listener import PRIVATE_SCOPE_KEY
 from gym_sessions.routing.request_session import (
     REQUEST_SESSION_KEY,
     RequestSession,
     claims_on_reply,
 )
-from gym_sessions.routing.session_access import Incarnation, SessionAccess
+from gym_sessions.routing.session_access import SessionAccess
 from gym_sessions.routing.session_cookie import SessionCookie
 from gym_sessions.routing.session_ids import (
     IdSource,
@@ -93,22 +86,25 @@ from gym_sessions.routing.session_ids import (
 )
 from gym_sessions.routing.session_snapshots import SessionSnapshots
 from gym_sessions.routing.step_batch import StepBatchRoute, is_step_batch
-from gym_sessions.wire import START_BESIDE_HEADER
+from gym_sessions.scope_keys import (
+    HANDED_IN_SCOPE_KEY,
+    PRIVATE_SCOPE_KEY,
+    SERVED_SCOPE_KEY,
+    Served,
+)
+from gym_sessions.wire import DEBUG_WORKER_HEADER, START_BESIDE_HEADER
 
 __all__ = [
     "FORWARDED_BY_HEADER",
     "HANDED_OVER_BY_HEADER",
     "NO_ROOM_HEADER",
-    "SERVED_SCOPE_KEY",
     "WORKER_HEADER",
-    "Served",
     "SessionRouter",
-    "send_error",
 ]
 
 logger = logging.getLogger("gym_sessions.routing")
 
-WORKER_HEADER = b"x-gym-worker"
+WORKER_HEADER = DEBUG_WORKER_HEADER.encode()
 FORWARDED_BY_HEADER = b"x-gym-forwarded-by"
 #: With the debug header, on the reply to a request whose connection was handed here.
 HANDED_OVER_BY_HEADER = b"x-gym-handed-over-by"
@@ -116,50 +112,11 @@ HANDED_OVER_BY_HEADER = b"x-gym-handed-over-by"
 NO_ROOM_HEADER = b"x-gym-no-room"
 
 
-class Served(enum.Enum):
-    """Where the reply to a request accepted on the public listener came from.
-
-    The router records it in the request's scope (`SERVED_SCOPE_KEY`; absent
-    means `LOCAL`) for the operator metrics (`gym_sessions.metrics`).
-    """
-
-    #: This worker's app, or this worker's own error reply (410 for a gone holder included).
-    LOCAL = "local"
-    #: Another worker, over its private listener (§3.10).
-    FORWARDED = "forwarded"
-    #: This worker's app, for a request whose connection another worker handed
-    #: here (`gym_sessions.routing.handoff`); counted here, not by that worker.
-    HANDED_OVER = "handed_over"
-
-
-SERVED_SCOPE_KEY = "gym_sessions.served"
 _START_BESIDE = START_BESIDE_HEADER.encode()
 
 
 class _ClientDisconnected(Exception):
     pass
-
-
-# A stalled body will not arrive, an unsigned request on a private listener is
-# not read, and a connection that sent an oversized head is not one to keep
-# (as when `BoundedHttpProtocol` refuses it): close the connection with the
-# reply. (A body that is too large still arrives; uvicorn reads and drops it,
-# and closing early would reset the connection before the client reads the 413.)
-_UNREAD_BODY_ERRORS = (RequestTimeoutError, ForbiddenError, OverloadedError, HeadersTooLargeError)
-
-
-async def send_error(send: Send, error: HTTPError, *, jsonrpc: bool = False) -> None:
-    """Reply with ``error``'s JSON body (as a JSON-RPC error object on JSON-RPC paths)."""
-    body = jsonrpc_error_body(error) if jsonrpc else error_body(error)
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *error_headers(error),
-    ]
-    if isinstance(error, _UNREAD_BODY_ERRORS):
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _read_head(scope: Scope, limit: int) -> int | None:

@@ -25,35 +25,14 @@ created the claim) needs no proof; it binds its ``session_key``, if any.
 from __future__ import annotations
 
 import hmac
-import secrets
-from dataclasses import dataclass, field
 
 from gym_sessions.credentials import INCARNATION_KEY, SessionCredentials
 from gym_sessions.errors import InvalidTokenError, SessionConflictError
+from gym_sessions.routing.incarnations import Incarnation, new_incarnation_nonce
 from gym_sessions.routing.request_session import RequestSession
 from gym_sessions.routing.session_ids import SESSION_KEY_FIELD, IdSource
 
-__all__ = ["Incarnation", "SessionAccess", "new_incarnation_nonce"]
-
-
-def new_incarnation_nonce() -> str:
-    """A fresh, unguessable incarnation nonce."""
-    return secrets.token_urlsafe(16)
-
-
-@dataclass
-class Incarnation:
-    """One life of a session id on its holder: from its claim to the claim's end.
-
-    Attributes:
-        nonce: Carried by this incarnation's cookie and tokens.
-        key_digest: Digest of the bound ``session_key``, or ``None``.
-        bound: A request has been admitted to it (the one that created it first).
-    """
-
-    nonce: str = field(default_factory=new_incarnation_nonce)
-    key_digest: bytes | None = field(default=None, repr=False)
-    bound: bool = False
+__all__ = ["SessionAccess"]
 
 
 class SessionAccess:

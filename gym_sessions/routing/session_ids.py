@@ -21,6 +21,7 @@ from gym_sessions.errors import (
     InvalidSessionIdError,
     SessionConflictError,
 )
+from gym_sessions.wire import route_path  # re-exported: routes read it from here
 
 __all__ = [
     "AGENT_SOURCES",
@@ -43,7 +44,6 @@ SESSION_TOKEN_HEADER = "x-gym-session-token"
 SESSION_KEY_FIELD = "session_key"
 SESSION_KEY_LENGTHS = (16, 256)
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
-_ROLLOUT_PREFIX = re.compile(r"/rollouts/[^/]+(?=/)")
 
 
 class IdSource(enum.Enum):
@@ -105,12 +105,6 @@ class FoundSessionId:
 def is_valid_session_id(value: object) -> bool:
     """Whether ``value`` may name a session: 1-128 URL- and path-safe characters."""
     return isinstance(value, str) and _SESSION_ID.fullmatch(value) is not None
-
-
-def route_path(path: str) -> str:
-    """``path`` without its ``/rollouts/{rollout_id}`` prefix."""
-    match = _ROLLOUT_PREFIX.match(path)
-    return path[match.end() :] if match else path
 
 
 def read_credentials(

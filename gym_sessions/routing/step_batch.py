@@ -69,7 +69,7 @@ from gym_sessions.errors import (
     error_from_body,
 )
 from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone, hop_error
-from gym_sessions.routing.handoff import HANDED_IN_SCOPE_KEY, Handoff
+from gym_sessions.routing.handoff import Handoff
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.request_session import RequestSession
 from gym_sessions.routing.session_access import SessionAccess
@@ -80,6 +80,7 @@ from gym_sessions.routing.session_ids import (
     route_path,
 )
 from gym_sessions.routing.session_snapshots import SessionSnapshots
+from gym_sessions.scope_keys import HANDED_IN_SCOPE_KEY
 
 __all__ = [
     "MAX_BATCH_ENTRIES",

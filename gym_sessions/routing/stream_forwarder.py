@@ -21,11 +21,9 @@ from starlette.types import Scope, Send
 
 from gym_sessions.errors import BadGatewayError, OverloadedError, out_of_resources
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.routing.forwarder import (
-    HolderRefusedError,
+from gym_sessions.routing.forwarder import HolderRefusedError, holder_gone, holder_refused
+from gym_sessions.routing.hop_headers import (
     forwarded_headers,
-    holder_gone,
-    holder_refused,
     hop_marks,
     reply_headers,
     request_target,

@@ -21,7 +21,7 @@ from gym_sessions.errors import ClaimsUnavailableError, out_of_resources
 
 if TYPE_CHECKING:
     from gym_sessions.routing.redis_claims import WorkerRegistry
-    from gym_sessions.routing.runtime_dir import RuntimeDirectory
+    from gym_sessions.runtime_dir import RuntimeDirectory
 
 __all__ = ["TcpEndpoints", "UnixEndpoints", "WorkerEndpoints"]
 

@@ -45,48 +45,46 @@ from gym_sessions.metrics import (
 from gym_sessions.routing.body_budget import BodyBudget
 from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
 from gym_sessions.routing.forward_signature import ForwardSigner
-from gym_sessions.routing.forwarder import Forwarder, make_forwarder
+from gym_sessions.routing.forwarder import Forwarder
 from gym_sessions.routing.handoff import Handoff, HandoffCounts
 from gym_sessions.routing.handoff_listener import HandoffListener
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
 from gym_sessions.routing.owner_cache import OwnerCache
 from gym_sessions.routing.placement import FileLoadBoard, LoadBoard, Placement, RedisLoadBoard
-from gym_sessions.routing.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
-from gym_sessions.routing.redis_claims import (
-    EntrySigner,
-    RedisClaimStore,
-    WorkerRegistry,
-    connect_redis,
-    connect_redis_blocking,
-)
+from gym_sessions.routing.redis_claims import EntrySigner, RedisClaimStore, WorkerRegistry
+from gym_sessions.routing.redis_connection import connect_redis, connect_redis_blocking
 from gym_sessions.routing.router import SessionRouter
-from gym_sessions.routing.runtime_dir import RuntimeDirectory, worker_process_exists
-from gym_sessions.routing.session_snapshots import (
+from gym_sessions.routing.session_snapshots import SessionSnapshots
+from gym_sessions.routing.snapshot_store import (
     FileSnapshotStore,
     RedisSnapshotStore,
-    SessionSnapshots,
     SnapshotCodec,
     SnapshotStore,
 )
 from gym_sessions.routing.step_batch import STEP_BATCH_PATH, StepBatchRoute
+from gym_sessions.routing.stream_forwarder import StreamForwarder
 from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
+from gym_sessions.runtime_dir import (
+    SERVER_MARK,
+    SERVING,
+    STOPPING,
+    RuntimeDirectory,
+    worker_process_exists,
+)
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.server.route_table import RouteTable
 from gym_sessions.settings import Settings
+from gym_sessions.transport.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
+from gym_sessions.transport.supervisor import SupervisedApp
 
-__all__ = ["SERVER_MARK", "WorkerApp", "create_app", "new_worker_id"]
+__all__ = ["WorkerApp", "create_app", "new_worker_id"]
 
 logger = logging.getLogger("gym_sessions.server")
 
 # A shutting-down worker keeps its private listener until forwarded requests
 # have stopped coming for this long.
 _FORWARD_QUIET_SECONDS = 0.5
-# Marks in the runtime directory's states/ (see `RuntimeDirectory.mark`).
-_SERVING, _STOPPING = "serving", "stopping"
-#: The supervisor's mark (``server.stopping``): the whole server shuts down, so
-#: workers wait for each other; a worker stopping alone waits for nobody.
-SERVER_MARK = "server"
 
 
 # No credential reaches a session after this long (cookies and tokens last 14 days).
@@ -143,7 +141,7 @@ async def _on_unexpected_error(request: Request, exc: Exception) -> Response:
     return _error_response(InternalServerError(f"internal error: {type(exc).__name__}: {exc}"))
 
 
-class WorkerApp:
+class WorkerApp(SupervisedApp):
     """The ASGI app of one worker.
 
     Args:
@@ -195,7 +193,7 @@ class WorkerApp:
                     self.registry.client, settings.claims_timeout, _snapshot_lifetime(settings)
                 )
             endpoints = TcpEndpoints(self.registry, settings.allowed_peer_networks())
-            self.forwarder = make_forwarder(endpoints, self.forward_signer)
+            self.forwarder = StreamForwarder(endpoints, self.forward_signer)
         elif settings.routed:
             if settings.runtime_dir is None:
                 raise ValueError("a routed worker needs the runtime directory of its server")
@@ -205,7 +203,7 @@ class WorkerApp:
                 snapshot_store = file_snapshots = FileSnapshotStore(self.runtime_dir.snapshots_dir)
             store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id, file_snapshots)
             endpoints = UnixEndpoints(self.runtime_dir)
-            self.forwarder = make_forwarder(endpoints)
+            self.forwarder = StreamForwarder(endpoints)
             if settings.handoff:
                 self.handoff = Handoff(
                     self.worker_id, self.runtime_dir.handoff_path, HandoffCounts()
@@ -342,6 +340,22 @@ class WorkerApp:
         if self.handoff_listener is not None:
             self.handoff_listener.attach(new_protocol, accepting)
 
+    @property
+    def takes_handed_connections(self) -> bool:
+        """Whether other workers may hand this one client connections (handoff on)."""
+        return self.handoff_listener is not None
+
+    @property
+    def drain_timeout(self) -> float:
+        return self.settings.drain_timeout
+
+    @property
+    def open_sessions(self) -> int:
+        return self.claims.live_sessions
+
+    def release_sessions(self) -> None:
+        self.server.release_all()
+
     def _takes_connection(self, session_id: str) -> bool:
         """Whether a connection handed over for ``session_id`` is served here."""
         claims = self.claims
@@ -385,7 +399,7 @@ class WorkerApp:
             self.router.placement = Placement(self.claims, self._load_board())
             self.router.placement.publish()
         if self.coordination is not None:
-            self.coordination.mark(self.worker_id, _SERVING)
+            self.coordination.mark(self.worker_id, SERVING)
         self._background += [
             asyncio.create_task(self.claims.run_sweeper()),
             asyncio.create_task(self.server.background()),
@@ -457,7 +471,7 @@ class WorkerApp:
             return "shutting down"
         if not self.claims.accepting_sessions:
             return "draining"
-        if self.coordination is not None and SERVER_MARK in self.coordination.workers_in(_STOPPING):
+        if self.coordination is not None and SERVER_MARK in self.coordination.workers_in(STOPPING):
             return "the server is stopping"
         return None
 
@@ -465,7 +479,7 @@ class WorkerApp:
         """This worker leaves alone (drained, orphaned): nobody waits for it at shutdown."""
         self._leaving = True
         if self.coordination is not None:
-            self.coordination.mark(self.worker_id, _SERVING, present=False)
+            self.coordination.mark(self.worker_id, SERVING, present=False)
 
     async def _finish_forwarded_requests(self) -> None:
         """Serve what other workers forward here until they are done (bounded).
@@ -482,11 +496,11 @@ class WorkerApp:
         whole_server_stops = (
             self.coordination is not None
             and not self._leaving
-            and SERVER_MARK in self.coordination.workers_in(_STOPPING)
+            and SERVER_MARK in self.coordination.workers_in(STOPPING)
         )
         if whole_server_stops:
             assert self.coordination is not None
-            self.coordination.mark(self.worker_id, _STOPPING)
+            self.coordination.mark(self.worker_id, STOPPING)
             while time.monotonic() < deadline and self._others_still_serving():  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         while time.monotonic() < deadline:
@@ -497,7 +511,7 @@ class WorkerApp:
 
     def _others_still_serving(self) -> bool:
         assert self.coordination is not None
-        waiting = self.coordination.workers_in(_SERVING) - self.coordination.workers_in(_STOPPING)
+        waiting = self.coordination.workers_in(SERVING) - self.coordination.workers_in(STOPPING)
         return any(worker_process_exists(worker_id) for worker_id in waiting)
 
     async def shutdown(self) -> None:
@@ -525,8 +539,8 @@ class WorkerApp:
             await self._finish_forwarded_requests()
             await self._listener.stop()
         if self.coordination is not None:
-            self.coordination.mark(self.worker_id, _SERVING, present=False)
-            self.coordination.mark(self.worker_id, _STOPPING, present=False)
+            self.coordination.mark(self.worker_id, SERVING, present=False)
+            self.coordination.mark(self.worker_id, STOPPING, present=False)
         if self.forwarder is not None:
             await self.forwarder.close()
         await self.claims.wait_for_store()

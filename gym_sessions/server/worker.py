@@ -21,6 +21,7 @@ from typing import Any
 
 import uvicorn
 
+from gym_sessions.metrics.directory import MetricsDirectory
 from gym_sessions.non_dumpable import make_process_non_dumpable
 from gym_sessions.server.app import create_app
 from gym_sessions.server.targets import load_target
@@ -58,13 +59,10 @@ class WorkerConfig(uvicorn.Config):
     """
 
     def __init__(self, spec: WorkerSpec, **options: Any) -> None:
-        # `load_app` below supplies the app; `build_app` here only names it.
-        super().__init__(build_app, factory=True, **options)
+        # The factory uvicorn calls (``factory=True``) in each worker: picklable, as
+        # `build_app` is a module-level function and the spec a frozen dataclass.
+        super().__init__(functools.partial(build_app, spec), factory=True, **options)
         self.spec = spec
-
-    def load_app(self) -> Callable[[], Callable[..., Any]]:
-        """The app factory uvicorn calls (``factory=True``): `build_app` of this config's spec."""
-        return functools.partial(build_app, self.spec)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Runs only when a worker unpickles the config uvicorn sent it: the
@@ -84,8 +82,6 @@ def _forget_live_gauges_of_this_pid(settings: Settings) -> None:
     removed it in between. Before the target is imported, so no gauge of this
     process (the env's own included) exists yet.
     """
-    from gym_sessions.metrics.directory import MetricsDirectory
-
     if settings.runtime_dir is not None:
         directory = MetricsDirectory.of(settings.runtime_dir)
         if directory.active:

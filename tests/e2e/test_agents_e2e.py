@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from envs.counter_load import claim_owner, client_session, make_episodes
+from envs.counter_load import client_session, make_episodes
+from tests.services import claim_owner
 
 pytestmark = pytest.mark.e2e
 

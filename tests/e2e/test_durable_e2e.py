@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from envs.counter_load import claim_owner, client_session, make_episodes
+from envs.counter_load import client_session, make_episodes
 from gym_sessions import RemoteEnv
 from gym_sessions.client.step_recovery import OBSERVE_REQUEST
 from gym_sessions.metrics.status import parse_samples
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.runtime_dir import RuntimeDirectory
+from tests.services import claim_owner
 
 from .durable_player import LOST, DurablePlayer
 

@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -15,13 +16,15 @@ import pytest
 
 from envs.counter_load import make_episodes, play_all
 from gym_sessions.server.process import start_server
-from tests.conftest import require_or_skip
+from gym_sessions.transport.http_protocol import uvicorn_tested
+from tests.conftest import needs_handoff, require_or_skip
 from tests.services import run_nginx
 from tests.stress import scenarios
 
 from .test_routing_e2e import COUNTER, deliveries
 
 pytestmark = pytest.mark.e2e
+NEEDS_HANDOFF = needs_handoff(in_process=False)
 
 
 def _serve(serve, *args: str):
@@ -93,6 +96,7 @@ def _connection_not_on(url: str, workers: set[str]) -> tuple[Client, str]:
     raise AssertionError(f"no connection landed outside {workers}")
 
 
+@NEEDS_HANDOFF
 def test_kept_alive_connection_is_handed_over_once_then_served_by_the_holder(server):
     before = _totals(server.url)
     cookie, holder = _start(server.url)
@@ -115,6 +119,7 @@ def test_kept_alive_connection_is_handed_over_once_then_served_by_the_holder(ser
     assert after == {"handed_over": before["handed_over"] + 1, "hopped": before["hopped"]}
 
 
+@NEEDS_HANDOFF
 def test_pipelined_requests_are_hopped_and_the_last_one_hands_over(server):
     cookie, holder = _start(server.url)
     client, acceptor = _connection_not_on(server.url, {holder})
@@ -147,6 +152,7 @@ def test_pipelined_requests_are_hopped_and_the_last_one_hands_over(server):
     assert not_detachable == before["hop_reasons"].get("not_detachable", 0) + 2
 
 
+@NEEDS_HANDOFF
 def test_nginx_upstream_pool_carries_many_sessions_and_every_episode_scores(server):
     require_or_skip("nginx", "nginx")
     before = _totals(server.url)
@@ -162,6 +168,7 @@ def test_nginx_upstream_pool_carries_many_sessions_and_every_episode_scores(serv
     assert _totals(server.url)["handed_over"] > before["handed_over"]
 
 
+@NEEDS_HANDOFF
 def test_holder_killed_while_a_handoff_waits_costs_only_its_own_sessions(serve):
     server = _serve(serve)
     (runtime_dir,) = server.runtime_dirs()
@@ -197,6 +204,31 @@ def test_holder_killed_while_a_handoff_waits_costs_only_its_own_sessions(serve):
     assert deliveries(server.url, among=acceptor)[acceptor]["hop_reasons"].get("lost") == 1
 
 
+def test_on_this_uvicorn_a_connection_moves_or_every_worker_says_it_hops(serve):
+    """The uvicorn gate end to end: on a tested uvicorn the connection is handed over;
+    on any other (``make uvicorn-latest``) each worker logs one line that handoff is
+    off, and the same requests take the hop with every count right."""
+    server = _serve(serve)
+    cookie, holder = _start(server.url)
+    client, acceptor = _connection_not_on(server.url, {holder})
+    try:
+        for count in range(1, 4):
+            status, headers, body = client.post("/step", {"action": 1}, cookie)
+            assert status == 200 and body["observation"] == count
+            assert headers["x-gym-worker"] == holder
+    finally:
+        client.close()
+    counts = deliveries(server.url, among=acceptor)  # every worker has started by now
+    off = re.findall(r"connection handoff off \(uvicorn \S+ is not a tested version", server.log())
+    if uvicorn_tested():
+        assert off == []
+        assert counts[acceptor]["handed_over"] == 1, counts[acceptor]
+    else:
+        assert len(off) == 4, server.log()
+        assert counts[acceptor]["handed_over"] == 0
+        assert counts[acceptor]["hop_reasons"] == {"protocol": 3}
+
+
 def test_handoff_off_keeps_the_hop(serve):
     server = serve(COUNTER, "--debug-worker-header", "--handoff", "off", workers=4)
     cookie, holder = _start(server.url)
@@ -221,6 +253,7 @@ def test_handoff_off_keeps_the_hop(serve):
     )
 
 
+@NEEDS_HANDOFF
 def test_agent_pool_carrying_many_sessions_per_connection_scores_every_episode():
     """Issue 27's shape, small: the agent's pool to the env server carries many sessions.
 

@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from envs.counter_load import make_episodes, play
-from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX
+from gym_sessions.routing.keys import REGISTRATION_PREFIX
 from gym_sessions.server.process import start_server
 from tests.services import wait_for_registrations
 

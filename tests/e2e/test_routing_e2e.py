@@ -11,7 +11,8 @@ import urllib.request
 
 import pytest
 
-from envs.counter_load import claim_owner, client_session, make_episodes, play, play_all
+from envs.counter_load import client_session, make_episodes, play, play_all
+from tests.services import claim_owner
 
 pytestmark = pytest.mark.e2e
 

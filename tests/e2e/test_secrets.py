@@ -29,12 +29,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from envs.counter_load import claim_owner
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.non_dumpable import is_dumpable
 from gym_sessions.secret_source import server_secret, write_secret_file
 from gym_sessions.server.process import ServerProcess, start_server
 from gym_sessions.settings import SECRET_ENV
+from tests.services import claim_owner
 
 from .subprocesses import run_module
 

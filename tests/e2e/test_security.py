@@ -33,10 +33,10 @@ import aiohttp
 import itsdangerous
 import pytest
 
-from envs.counter_load import claim_owner
 from gym_sessions.credentials import COOKIE_MAX_AGE_SECONDS, SessionCredentials
 from gym_sessions.secret_source import write_secret_file
 from gym_sessions.settings import SECRET_ENV, Settings
+from tests.services import claim_owner
 
 pytestmark = pytest.mark.e2e
 

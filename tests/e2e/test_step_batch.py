@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
-from envs.counter_load import claim_owner
 from gym_sessions.credentials import INCARNATION_KEY, SessionCredentials
 from gym_sessions.routing.step_batch import MAX_BATCH_ENTRIES
 from gym_sessions.server.process import start_server
+from tests.services import claim_owner
 
 pytestmark = pytest.mark.e2e
 

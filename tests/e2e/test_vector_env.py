@@ -19,10 +19,10 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
-from envs.counter_load import claim_owner
 from gym_sessions.client import AsyncRemoteEnv, RemoteVectorEnv
 from gym_sessions.errors import SessionGoneError
 from gym_sessions.server.process import start_server
+from tests.services import claim_owner
 
 pytestmark = pytest.mark.e2e
 

@@ -27,14 +27,15 @@ import redis.asyncio
 
 from envs.counter_load import (
     Episode,
-    claim_owner,
     client_session,
     make_episodes,
     play,
     play_over_mcp,
 )
-from gym_sessions.routing.redis_claims import REGISTRATION_PREFIX, RedisClaimStore
+from gym_sessions.routing.keys import REGISTRATION_PREFIX
+from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.server.process import ServerProcess
+from tests.services import claim_owner
 from tests.stress.targets import FAULT_HEADER, MARK_HEADER, SLOW_STEP_SECONDS, mark_path
 
 COOKIE = "gym_session"

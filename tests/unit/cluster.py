@@ -26,13 +26,13 @@ import redis
 
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.routing.claim_store import FileClaimStore
-from gym_sessions.routing.private_listener import PrivateListener
 from gym_sessions.routing.redis_claims import RedisClaimStore
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
+from gym_sessions.runtime_dir import RuntimeDirectory
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
 from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.settings import Settings
+from gym_sessions.transport.private_listener import PrivateListener
 
 from .fake_clock import FakeClock
 

@@ -38,9 +38,9 @@ from gym_sessions.routing.redis_claims import (
     RedisClaimStore,
     WorkerRegistry,
     _CreateArgs,
-    connect_redis,
     parse_claim_reply,
 )
+from gym_sessions.routing.redis_connection import connect_redis
 
 from .fake_clock import FakeClock
 

@@ -25,17 +25,13 @@ import pytest
 from envs.counter import CounterAgent, CounterEnv
 from gym_sessions.cli import _report_durability
 from gym_sessions.routing.claim_store import FileClaimStore, LocalClaimStore
+from gym_sessions.routing.incarnations import Incarnation
+from gym_sessions.routing.keys import INDEX_PREFIX, REGISTRATION_PREFIX, snapshot_key
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.redis_claims import KEY_PREFIX, RedisClaimStore
-from gym_sessions.routing.runtime_dir import RuntimeDirectory
-from gym_sessions.routing.session_access import Incarnation
-from gym_sessions.routing.session_snapshots import (
-    FileSnapshotStore,
-    SessionSnapshots,
-    Snapshot,
-    SnapshotCodec,
-    snapshot_key,
-)
+from gym_sessions.routing.redis_claims import RedisClaimStore
+from gym_sessions.routing.session_snapshots import SessionSnapshots
+from gym_sessions.routing.snapshot_store import FileSnapshotStore, Snapshot, SnapshotCodec
+from gym_sessions.runtime_dir import RuntimeDirectory
 from gym_sessions.server.env_server import GymEnvServer, env_capture_method
 
 from .cluster import SECRET, Cluster, dead_worker_id, new_id, wait_until
@@ -418,7 +414,7 @@ async def crash(worker: Any) -> None:
 
 
 def registration_key(worker: Any) -> str:
-    return KEY_PREFIX + "worker:" + worker.id
+    return REGISTRATION_PREFIX + worker.id
 
 
 async def test_redis_a_dead_hosts_session_continues_on_another_host(durable_hosts):
@@ -438,7 +434,7 @@ async def test_redis_a_dead_hosts_session_continues_on_another_host(durable_host
     assert c.redis().pttl(RedisClaimStore.key(sid)) == -1  # held: no expiry
     # The dead worker's index no longer lists it: nothing will write it back for it.
     name = RedisClaimStore.key(sid).rpartition(":")[2]
-    assert not c.redis().sismember(KEY_PREFIX + "claims_of:" + c[0].id, name)
+    assert not c.redis().sismember(INDEX_PREFIX + c[0].id, name)
     verify = await c[2].request("POST", "/verify", cookie=cookie)
     assert verify.status == 200 and verify.json["reward"] == 1.0
 

@@ -31,12 +31,15 @@ from gym_sessions.routing.handoff import (
 )
 from gym_sessions.routing.handoff_listener import HandoffListener
 from gym_sessions.server.env_server import GymEnvServer
+from tests.conftest import needs_handoff
 
 from .cluster import Cluster, new_id, wait_until
 from .probe_server import ProbeServer
 
 # Each cluster test here turns handoff on itself: its copy with handoff off is not run.
 pytestmark = pytest.mark.handoff_only
+#: The tests that hand connections over; the listener's own tests run on any uvicorn.
+NEEDS_HANDOFF = needs_handoff()
 
 
 class RawConnection:
@@ -106,6 +109,7 @@ async def _deliveries(c: Cluster, index: int) -> dict[str, Any]:
     return health.json["deliveries"]
 
 
+@NEEDS_HANDOFF
 async def test_kept_alive_connection_moves_once_then_is_served_by_the_holder(handoff_cluster):
     c = await handoff_cluster(2)
     cookie = await _seed(c, 0)
@@ -134,6 +138,7 @@ async def test_kept_alive_connection_moves_once_then_is_served_by_the_holder(han
     assert (await _deliveries(c, 0))["handed_over"] == 0
 
 
+@NEEDS_HANDOFF
 async def test_by_default_a_connection_moves_from_its_second_request(handoff_cluster):
     c = await handoff_cluster(2, handoff_from_request=2)
     cookie = await _seed(c, 0)
@@ -157,6 +162,7 @@ async def test_by_default_a_connection_moves_from_its_second_request(handoff_clu
     }
 
 
+@NEEDS_HANDOFF
 async def test_one_connection_carrying_many_sessions_is_routed_afresh_each_request(
     handoff_cluster,
 ):
@@ -187,6 +193,7 @@ async def test_one_connection_carrying_many_sessions_is_routed_afresh_each_reque
     assert handed == moves
 
 
+@NEEDS_HANDOFF
 async def test_pipelined_requests_are_hopped_until_none_is_buffered(handoff_cluster):
     c = await handoff_cluster(2)
     cookie = await _seed(c, 0)
@@ -210,6 +217,7 @@ async def test_pipelined_requests_are_hopped_until_none_is_buffered(handoff_clus
     }
 
 
+@NEEDS_HANDOFF
 async def test_health_counts_are_exact_for_a_known_load(handoff_cluster):
     c = await handoff_cluster(3)
     cookies = [await _seed(c, 0), await _seed(c, 2)]
@@ -230,6 +238,7 @@ async def test_health_counts_are_exact_for_a_known_load(handoff_cluster):
     assert c[0].server.counts[next(iter(c[0].server.counts))] == 6
 
 
+@NEEDS_HANDOFF
 async def test_holder_that_closes_its_handoff_socket_unanswered_gets_the_hop(
     handoff_cluster, short_tmp
 ):
@@ -270,6 +279,7 @@ async def test_holder_that_closes_its_handoff_socket_unanswered_gets_the_hop(
     assert (await _deliveries(c, 1))["hop_reasons"] == {"lost": 1}
 
 
+@NEEDS_HANDOFF
 async def test_handoff_to_a_worker_without_the_session_is_refused_and_hopped(handoff_cluster):
     c = await handoff_cluster(2)
     cookie = await _seed(c, 0)
@@ -385,9 +395,9 @@ asyncio.run(main())
 
 
 async def test_an_untested_uvicorn_turns_handoff_off(handoff_cluster, monkeypatch):
-    from gym_sessions.server.http_protocol import BoundedHttpProtocol
+    from gym_sessions.transport.http_protocol import BoundedHttpProtocol
 
-    # What `_uvicorn_tested()` gives on a uvicorn outside TESTED_UVICORN.
+    # What `uvicorn_tested()` gives on a uvicorn outside TESTED_UVICORN.
     monkeypatch.setattr(BoundedHttpProtocol, "handoff_enabled", False)
     c = await handoff_cluster(2)
     cookie = await _seed(c, 0)
@@ -418,6 +428,7 @@ async def _batch(connection: RawConnection, cookies: list[str]) -> list[dict[str
     return reply["results"]
 
 
+@NEEDS_HANDOFF
 async def test_a_step_batch_held_by_one_other_worker_moves_its_connection_there(start_clusters):
     c = await start_clusters(_counter_server, 2, handoff=True)
     cookies = await _start_counters(c, 0, 3)
@@ -438,6 +449,7 @@ async def test_a_step_batch_held_by_one_other_worker_moves_its_connection_there(
     }
 
 
+@NEEDS_HANDOFF
 async def test_a_step_batch_of_several_holders_stays_and_hops_its_sub_batches(start_clusters):
     c = await start_clusters(_counter_server, 3, handoff=True)
     cookies = (await _start_counters(c, 0, 2)) + (await _start_counters(c, 2, 1))

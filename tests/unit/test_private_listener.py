@@ -15,9 +15,10 @@ import time
 
 import pytest
 
-from gym_sessions.routing import private_listener, stream_forwarder
+from gym_sessions.routing import stream_forwarder
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.settings import Settings
+from gym_sessions.transport import private_listener
 
 from .cluster import SECRET, Cluster, Worker, new_id, wait_until
 from .probe_server import ProbeServer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gym_sessions.server.app import SERVER_MARK
+from gym_sessions.runtime_dir import SERVER_MARK
 from tests.unit.probe_server import ProbeServer
 
 

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from gym_sessions.routing.claim_store import claim_name
-from gym_sessions.routing.redis_claims import KEY_PREFIX, EntrySigner, RedisClaimStore
+from gym_sessions.routing.keys import REGISTRATION_PREFIX, claim_name
+from gym_sessions.routing.redis_claims import EntrySigner, RedisClaimStore
 
 from .cluster import Cluster, new_id, wait_until
 from .probe_server import ProbeServer
@@ -61,7 +61,7 @@ async def test_a_rewritten_registration_gets_503_and_no_connection(hosts, trap):
     c = await hosts(2)
     sid, cookie = await _start(c)
     # The attacker points the claimant's registration at its own listener.
-    c.redis().set(KEY_PREFIX + "worker:" + c[0].id, f"127.0.0.1:{port}|{'0' * 32}")
+    c.redis().set(REGISTRATION_PREFIX + c[0].id, f"127.0.0.1:{port}|{'0' * 32}")
     for _ in range(3):
         _refused_as_unsigned(await c[1].request("POST", "/touch", cookie=cookie))
     assert connections == []

@@ -16,16 +16,16 @@ import pytest
 from gym_sessions.errors import ClaimsUnavailableError
 from gym_sessions.routing.claim_store import LocalClaimStore
 from gym_sessions.routing.forward_signature import SIGNATURE_HEADER, ForwardSigner
+from gym_sessions.routing.keys import EPOCH_KEY, REGISTRATION_PREFIX
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
 from gym_sessions.routing.redis_claims import (
     HEARTBEAT_SECONDS,
-    KEY_PREFIX,
     RESTORE_GRACE_SECONDS,
     EntrySigner,
     RedisClaimStore,
     WorkerRegistry,
-    connect_redis,
 )
+from gym_sessions.routing.redis_connection import connect_redis
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.settings import SECRET_ENV, Settings
 
@@ -38,7 +38,6 @@ SIGNER = EntrySigner(SECRET)
 
 WINDOW = 1.0
 STARTS = ("/seed_session", "/reset", "/blind_start")
-EPOCH_KEY = KEY_PREFIX + "epoch"
 
 
 @pytest.fixture
@@ -92,7 +91,7 @@ def end_restore_grace(c: Cluster) -> None:
 
 def private_address(c: Cluster, worker: Worker) -> str:
     """``host:port`` of ``worker``'s private listener, from its (signed) registration."""
-    return c.redis().get(KEY_PREFIX + "worker:" + worker.id).rpartition("|")[0]
+    return c.redis().get(REGISTRATION_PREFIX + worker.id).rpartition("|")[0]
 
 
 def private_url(c: Cluster, worker: Worker) -> str:
@@ -159,7 +158,7 @@ async def test_every_worker_registers_a_private_tcp_address(hosts):
     for worker in c.workers:
         host, _, port = private_address(c, worker).rpartition(":")
         assert host == "127.0.0.1" and int(port) > 0
-        assert 0 < c.redis().pttl(KEY_PREFIX + "worker:" + worker.id) <= 10_000
+        assert 0 < c.redis().pttl(REGISTRATION_PREFIX + worker.id) <= 10_000
 
 
 async def test_a_closed_session_gets_an_expiry_and_its_claimant_removes_it(hosts):
@@ -264,7 +263,7 @@ async def test_an_expired_registration_gives_410_and_the_orphaned_claim_an_expir
     sid = new_id()
     reply = await start(c[0], sid)
     await crash(c[0])
-    c.redis().delete(KEY_PREFIX + "worker:" + c[0].id)  # its heartbeat stopped long ago
+    c.redis().delete(REGISTRATION_PREFIX + c[0].id)  # its heartbeat stopped long ago
     gone = await c[1].request("POST", "/touch", cookie=reply.cookie)
     assert gone.status == 410
     ttl = c.redis().pttl(RedisClaimStore.key(sid))
@@ -277,7 +276,7 @@ async def test_a_clean_shutdown_unregisters_so_its_sessions_get_410_at_once(host
     sid = new_id()
     reply = await start(c[0], sid)
     await c[0].app.shutdown()
-    assert c.redis().get(KEY_PREFIX + "worker:" + c[0].id) is None
+    assert c.redis().get(REGISTRATION_PREFIX + c[0].id) is None
     gone = await c[1].request("POST", "/touch", cookie=reply.cookie)
     assert gone.status == 410
 
@@ -499,7 +498,7 @@ async def test_the_reaper_expires_a_dead_workers_forgotten_claims_only(hosts):
     await crash(c[0])
     store = c[2].app.claims.store
     assert await store.reap_orphans() == 0  # still registered: maybe only cut off for a beat
-    c.redis().delete(KEY_PREFIX + "worker:" + c[0].id)
+    c.redis().delete(REGISTRATION_PREFIX + c[0].id)
     assert await store.reap_orphans() == 1
     ttl = c.redis().pttl(RedisClaimStore.key(forgotten))
     assert 0 < ttl <= (WINDOW + EXPIRY_MARGIN_SECONDS) * 1000
@@ -530,7 +529,7 @@ async def test_a_worker_whose_registration_lapsed_is_slow_not_gone(hosts):
     reply = await start(c[0], sid)
     # Its registration expired (a Redis stall, lost renewals) while it still listens:
     # readers answer 503 - never a 410 that the worker's next heartbeat would belie.
-    c.redis().delete(KEY_PREFIX + "worker:" + c[0].id)
+    c.redis().delete(REGISTRATION_PREFIX + c[0].id)
     slow = await c[1].request("POST", "/touch", cookie=reply.cookie)
     if slow.status == 503:  # (else its heartbeat came first: nobody saw it unregistered)
         assert slow.json["error"]["code"] == "claims_unavailable"

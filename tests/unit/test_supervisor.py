@@ -11,7 +11,7 @@ import pytest
 import uvicorn
 from uvicorn.supervisors.multiprocess import Process
 
-from gym_sessions.server.supervisor import _WorkerProcess
+from gym_sessions.transport.supervisor import _WorkerProcess
 
 # Pings left unanswered while the worker "imports", as a spawned worker on a
 # loaded machine leaves them (one a second).

@@ -20,7 +20,7 @@ Signals to the supervisor:
 - SIGTTIN: one worker more. SIGTTOU: one worker fewer, drained (never below one).
 
 Workers die with their supervisor: each asks the kernel for a death signal
-as it starts (`gym_sessions.server.parent_death`), so a supervisor's SIGKILL
+as it starts (`gym_sessions.transport.parent_death`), so a supervisor's SIGKILL
 ends every worker at once, on a busy machine too, after it released its
 sessions (their processes included), and with them the multiprocessing
 resource tracker (its pipe's last writers). Off Linux, a worker polls its
@@ -28,10 +28,14 @@ parent from the event loop's tick and shuts down within about a second. A worker
 answering the health check is replaced by a worker of this kind too (uvicorn's
 own loop would start its plain one, which neither drains nor takes handed-over
 connections).
+
+The app a worker serves is a `SupervisedApp` (`gym_sessions.server.WorkerApp`):
+what a drain, a supervisor's death and handed-over connections need of it.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import os
@@ -39,16 +43,20 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import uvicorn
 from uvicorn import Server
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-from gym_sessions.server.parent_death import die_with_parent, on_parent_death
+from gym_sessions.runtime_dir import SERVER_MARK, STOPPING, RuntimeDirectory
+from gym_sessions.transport.http_protocol import TESTED_UVICORN, BoundedHttpProtocol
+from gym_sessions.transport.parent_death import die_with_parent, on_parent_death
 
-__all__ = ["DRAIN_SIGNAL", "DrainableServer", "Supervisor"]
+__all__ = ["DRAIN_SIGNAL", "DrainableServer", "SupervisedApp", "Supervisor", "worker_app"]
 
 logger = logging.getLogger("gym_sessions.supervisor")
 
@@ -59,6 +67,49 @@ DRAIN_SIGNAL = signal.SIGUSR1
 _DRAIN_GRACE_SECONDS = 10.0
 # An orphaned worker gives its requests this long before it releases its sessions.
 _ORPHAN_GRACE_SECONDS = 1
+
+
+class SupervisedApp(abc.ABC):
+    """What a worker's `DrainableServer` asks of the ASGI app it serves."""
+
+    worker_id: str
+
+    @property
+    @abc.abstractmethod
+    def drain_timeout(self) -> float:
+        """Seconds a draining worker may keep serving its open sessions."""
+
+    @property
+    @abc.abstractmethod
+    def open_sessions(self) -> int:
+        """Sessions open here now."""
+
+    @property
+    @abc.abstractmethod
+    def takes_handed_connections(self) -> bool:
+        """Whether other workers may hand this one client connections."""
+
+    @abc.abstractmethod
+    def serve_handed_connections(
+        self, new_protocol: Callable[[], Any], accepting: Callable[[], bool]
+    ) -> None:
+        """Serve handed-over connections with ``new_protocol()`` while ``accepting()``."""
+
+    @abc.abstractmethod
+    def begin_drain(self) -> None:
+        """Take no new session here; serve the open ones on."""
+
+    @abc.abstractmethod
+    async def drained(self) -> None:
+        """Return once no open session needs this worker."""
+
+    @abc.abstractmethod
+    def leave_server(self) -> None:
+        """This worker leaves alone (drained, orphaned): nobody waits for it at shutdown."""
+
+    @abc.abstractmethod
+    def release_sessions(self) -> None:
+        """Release every session's resources now (the supervisor died)."""
 
 
 class DrainableServer(Server):
@@ -75,16 +126,14 @@ class DrainableServer(Server):
         loop.add_signal_handler(DRAIN_SIGNAL, self.begin_drain)
         app = worker_app(self.config.loaded_app)
         if app is not None:
-            on_parent_death(app.server.release_all)
+            on_parent_death(app.release_sessions)
         self._serve_handed_connections()
 
     def _serve_handed_connections(self) -> None:
         """Let the app serve connections other workers hand over, as this server's own."""
         app = worker_app(self.config.loaded_app)
-        if app is None or app.handoff_listener is None:
+        if app is None or not app.takes_handed_connections:
             return
-        from gym_sessions.server.http_protocol import BoundedHttpProtocol
-
         config, state, app_state = self.config, self.server_state, self.lifespan.state
         protocol_class: Any = config.http_protocol_class
         cls = getattr(protocol_class, "func", protocol_class)  # a functools.partial
@@ -95,13 +144,12 @@ class DrainableServer(Server):
             )
             return
         if not cls.handoff_enabled:
-            import uvicorn
-
             logger.warning(
-                "worker %s: connection handoff off (uvicorn %s is not a tested version): "
-                "requests are forwarded",
+                "worker %s: connection handoff off (uvicorn %s is not a tested version; tested: "
+                "%s): requests are forwarded, replies written as uvicorn writes them",
                 app.worker_id,
                 uvicorn.__version__,
+                ", ".join(f"{major}.{minor}" for major, minor in TESTED_UVICORN),
             )
             return
 
@@ -119,10 +167,10 @@ class DrainableServer(Server):
         for server in self.servers:
             server.close()  # this worker's copy of the shared socket: others keep accepting
         app = worker_app(self.config.loaded_app)
-        seconds = app.settings.drain_timeout if app is not None else 0.0
+        seconds = app.drain_timeout if app is not None else 0.0
         self._drain_task = asyncio.ensure_future(self._drain(app, seconds))
 
-    async def _drain(self, app: Any, seconds: float) -> None:
+    async def _drain(self, app: SupervisedApp | None, seconds: float) -> None:
         if app is not None:
             app.begin_drain()
             try:
@@ -133,7 +181,7 @@ class DrainableServer(Server):
                     "worker %s: drain timeout (%g s) with %d open sessions; closing them",
                     app.worker_id,
                     seconds,
-                    app.claims.live_sessions,
+                    app.open_sessions,
                 )
         if app is not None:
             app.leave_server()
@@ -155,12 +203,10 @@ class DrainableServer(Server):
         return await super().on_tick(counter)
 
 
-def worker_app(app: Any) -> Any:
-    """The `WorkerApp` inside uvicorn's middleware around a loaded app, or ``None``."""
-    from gym_sessions.server.app import WorkerApp
-
+def worker_app(app: Any) -> SupervisedApp | None:
+    """The `SupervisedApp` inside uvicorn's middleware around a loaded app, or ``None``."""
     for _ in range(8):
-        if isinstance(app, WorkerApp):
+        if isinstance(app, SupervisedApp):
             return app
         app = getattr(app, "app", None)
     return None
@@ -357,13 +403,10 @@ class Supervisor(Multiprocess):
 
     def _mark_server_stopping(self) -> None:
         """Tell the workers the whole server stops: they wait for each other's requests."""
-        from gym_sessions.routing.runtime_dir import RuntimeDirectory
-        from gym_sessions.server.app import SERVER_MARK
-
         runtime_dir = getattr(getattr(self.config, "spec", None), "settings", None)
         path = getattr(runtime_dir, "runtime_dir", None)
         if path is not None:
-            RuntimeDirectory(path).mark(SERVER_MARK, "stopping")
+            RuntimeDirectory(path).mark(SERVER_MARK, STOPPING)
 
     def _kill_all(self) -> None:
         for process in [*self.processes, *(entry.process for entry in self.draining)]:

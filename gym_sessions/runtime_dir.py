@@ -16,7 +16,21 @@ import tempfile
 
 from gym_sessions.errors import StartupError
 
-__all__ = ["RuntimeDirectory", "process_exists", "worker_process_exists"]
+__all__ = [
+    "SERVER_MARK",
+    "SERVING",
+    "STOPPING",
+    "RuntimeDirectory",
+    "process_exists",
+    "worker_process_exists",
+]
+
+#: States of `RuntimeDirectory.mark`: a worker takes part in the server; it has
+#: finished its own requests.
+SERVING, STOPPING = "serving", "stopping"
+#: The supervisor's mark (``server.stopping``): the whole server shuts down, so
+#: workers wait for each other; a worker stopping alone waits for nobody.
+SERVER_MARK = "server"
 
 _MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, with the terminating NUL
 

@@ -15,7 +15,7 @@ and close): the cycle only lends it a transport that keeps the head, then
 one that prepends it to the next write. Under write back-pressure (uvicorn's
 flow control paused) nothing is held. Private listeners (the hop) do not
 coalesce: there the head's early write lets the forwarding worker start
-while the holder writes the body (`gym_sessions.routing.private_listener`).
+while the holder writes the body (`gym_sessions.transport.private_listener`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -37,18 +36,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from gym_sessions.errors import OverloadedError
+from gym_sessions.scope_keys import PRIVATE_SCOPE_KEY
+from gym_sessions.transport.http_protocol import BoundedHttpProtocol
 
 __all__ = [
     "DEFAULT_MAX_TCP_CONNECTIONS",
     "DEFAULT_TCP_IDLE_SECONDS",
     "FORWARD_HEAD_ALLOWANCE",
-    "PRIVATE_SCOPE_KEY",
+    "PrivateHttpProtocol",
     "PrivateListener",
 ]
 
 logger = logging.getLogger("gym_sessions.routing")
 
-PRIVATE_SCOPE_KEY = "gym_sessions.private"
 # Forwarding clients pool connections for less than this, so the listener never
 # closes a connection a client is about to reuse. On TCP (reachable from the
 # network) idle connections go sooner: forwarders close theirs after 15 s idle
@@ -190,7 +190,7 @@ class _ConnectionCap:
 
 
 class _PrivateProtocol:
-    """Mixed into `BoundedHttpProtocol` (`_protocol_class`): no access lines, counted by a cap."""
+    """Mixed into `BoundedHttpProtocol` (`PrivateHttpProtocol`): no access lines, a cap."""
 
     # From BoundedHttpProtocol and uvicorn's protocol.
     app: Any
@@ -257,20 +257,15 @@ class _PrivateProtocol:
         self.transport.close()
 
 
-@functools.cache
-def _protocol_class() -> type:
-    # Imported here: gym_sessions.server imports this module (through its app).
-    from gym_sessions.server.http_protocol import BoundedHttpProtocol
+# uvicorn's connection_made takes the wider asyncio.BaseTransport; ours, as
+# uvicorn's own, expects the socket transport every listener gives it.
+class PrivateHttpProtocol(_PrivateProtocol, BoundedHttpProtocol):  # type: ignore[misc]
+    """The private listeners' protocol: bounded heads, no access lines, a connection cap."""
 
-    # uvicorn's connection_made takes the wider asyncio.BaseTransport; ours, as
-    # uvicorn's own, expects the socket transport every listener gives it.
-    class PrivateHttpProtocol(_PrivateProtocol, BoundedHttpProtocol):  # type: ignore[misc]
-        # A reply to a hop leaves as uvicorn writes it, head first: the
-        # forwarding worker then wakes while this one still writes the body
-        # (with one write, forwarded steps were 2% slower in an A/B run).
-        coalesces_replies = False
-
-    return PrivateHttpProtocol
+    # A reply to a hop leaves as uvicorn writes it, head first: the
+    # forwarding worker then wakes while this one still writes the body
+    # (with one write, forwarded steps were 2% slower in an A/B run).
+    coalesces_replies = False
 
 
 class PrivateListener:
@@ -311,7 +306,7 @@ class PrivateListener:
         self._config = uvicorn.Config(
             _MarkPrivate(app) if private else app,
             uds=path,
-            http=_protocol_class(),
+            http=PrivateHttpProtocol,
             lifespan="off",
             log_config=None,
             log_level=None,
@@ -340,7 +335,7 @@ class PrivateListener:
         """Start listening."""
         config, state, cap = self._config, self._state, self.connections
         max_head_bytes, head_timeout = self._max_head_bytes, self._head_timeout
-        protocol_class: Any = self._config.http_protocol_class  # `_protocol_class()`
+        protocol_class: Any = self._config.http_protocol_class  # `PrivateHttpProtocol`
         loop = asyncio.get_running_loop()
 
         def protocol() -> asyncio.Protocol:
