@@ -12,8 +12,10 @@ rules below are written once:
   caller's cookies, and no cookie on a session's first start (`Request.new_session`);
 - a reply (`Exchange.replied`): the session cookie it sets is kept, and an
   error status raises the class of `gym_sessions.errors` that the server
-  raised (`error_from_body`: by the body's code, else by the status); this is
-  the clients' one place that maps statuses to exceptions;
+  raised (`error_from_body`: by the body's code, else by the status, with a
+  message naming the URL: the reply is another server's, or a proxy's); an
+  HTML page with any status is never ours either; this is the clients' one
+  place that maps statuses to exceptions;
 - a send that got no reply (`Exchange.failed`):
 
   ============  ==========================  ===========================================
@@ -46,6 +48,7 @@ from gym_sessions.errors import (
     ReplyTimeoutError,
     ServerUnreachableError,
     error_from_body,
+    foreign_reply_error,
 )
 from gym_sessions.wire import SESSION_COOKIE
 
@@ -246,13 +249,18 @@ class Exchange:
         """The reply; raises the `HTTPError` an error status stands for.
 
         Raises:
-            HTTPError: ``status`` is 400 or more (the subclass the body's code names).
+            HTTPError: ``status`` is 400 or more (the subclass the body's code
+                names), or the reply is an HTML page (another server's).
         """
         headers = list(headers)
         self.client.remember_cookie(headers)
+        url, what = self.client.url, self.request.describe()
         if status >= 400:
-            raise error_from_body(status, body)
-        return Reply(status, {name.lower(): value for name, value in headers}, body)
+            raise error_from_body(status, body, url=url, what=what)
+        reply = Reply(status, {name.lower(): value for name, value in headers}, body)
+        if reply.headers.get("content-type", "").startswith("text/html"):
+            raise foreign_reply_error(status, body, url=url, what=what)  # never a reply of ours
+        return reply
 
     def failed(self, failure: TransportFailure) -> None:
         """Return to send the request again; otherwise raise its client error (see module)."""
