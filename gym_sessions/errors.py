@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 from http import HTTPStatus
 from typing import Any, ClassVar
 
@@ -303,6 +304,9 @@ _BY_STATUS: dict[int, type[HTTPError]] = {
 }
 
 
+#: The title of a foreign reply's HTML page (nginx's says what it refused).
+_TITLE = re.compile(rb"<title[^>]*>([^<]{1,200})</title>", re.IGNORECASE)
+
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -405,6 +409,10 @@ def _described(body: bytes) -> str:
     if not start:
         return "an empty body"
     if start[:1] == b"<":
+        title = _TITLE.search(body[:4096])
+        text = " ".join(title.group(1).decode("utf-8", "replace").split()) if title else ""
+        if text and text.isprintable() and "<" not in text:
+            return f"an HTML page titled {text[:120]!r}"
         return "an HTML page"
     try:
         json.loads(body)

@@ -125,7 +125,7 @@ def test_a_web_servers_html_404_says_the_url_is_not_a_gym_sessions_server(canned
     assert type(error) is NotFoundError
     assert (error.status, error.code) == (404, "not_found")
     assert_says_not_gym_sessions(error, server.url)
-    assert "an HTML page" in str(error)
+    assert "with an HTML page titled '404 Not Found'," in str(error)
 
 
 @pytest.mark.parametrize("client", sorted(CLIENTS))

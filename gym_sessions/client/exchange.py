@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import enum
 import json
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,7 +154,8 @@ class HTTPClientBase:
     """URL, session cookie and headers of a client, and the `Exchange` of each request.
 
     Args:
-        url: Server base URL, ``http://host:port`` (a path prefix is kept).
+        url: Server base URL, ``http://host:port`` or ``https://host[:port]``
+            (a path prefix is kept).
         timeout: Seconds to wait for connect and for each reply.
         keep_alive: Reuse one connection (the default). ``False`` opens a new
             connection per request, as pooled clients and load balancers do.
@@ -163,7 +165,8 @@ class HTTPClientBase:
         headers: Extra headers sent with every request (an authenticating
             proxy's, say). A ``Cookie`` here is sent along with the session
             cookie; framing headers (``Content-Type``, ``Connection``, ...) are refused.
-        schemes: URL schemes the shell can speak.
+        ssl_context: TLS settings of an ``https://`` URL (the system's default
+            by default: `gym_sessions.client.tls`); unused for ``http://``.
 
     Raises:
         ValueError: a bad URL, or a header the client sets itself.
@@ -178,14 +181,18 @@ class HTTPClientBase:
         retries: int = 1,
         cookie_name: str = SESSION_COOKIE,
         headers: Mapping[str, str] | None = None,
-        schemes: tuple[str, ...] = ("http",),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(url)
-        if parts.scheme not in schemes or not parts.hostname:
-            raise ValueError(f"url must look like http://host:port, not {url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must look like http://host:port or https://host, not {url!r}")
         self.url = url.rstrip("/")
         self._host = parts.hostname
-        self._port = parts.port or 80
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        #: TLS settings, for an ``https`` URL only.
+        self.ssl_context: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self.ssl_context = ssl_context or ssl.create_default_context()
         self._prefix = parts.path.rstrip("/")
         self.timeout = timeout
         self.keep_alive = keep_alive

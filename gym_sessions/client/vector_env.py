@@ -50,6 +50,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
 from gym_sessions.client.protocol import LIST_SUFFIX, EnvDescription
 from gym_sessions.client.step_batch import StepBatch
+from gym_sessions.client.tls import CertOption, VerifyOption, tls_context
 from gym_sessions.errors import SessionGoneError
 from gym_sessions.spaces.values import space_contains
 
@@ -242,6 +243,8 @@ class RemoteVectorEnv(VectorEnv):
         retries: Resends of a request that is safe to resend after a lost reply.
         headers: Extra headers sent with every request of every sub-env (an
             authenticating proxy's, say: ``{"X-Proxy-Auth": "..."}``).
+        verify: As for `RemoteEnv` (``https://`` URLs); one TLS context serves every sub-env.
+        cert: As for `RemoteEnv` (``https://`` URLs).
         autoreset_mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED`` (see the module).
         max_episode_steps: Truncate episodes after this many steps, counted here
             (as ``gymnasium.make(..., max_episode_steps=...)`` does with ``TimeLimit``).
@@ -273,6 +276,8 @@ class RemoteVectorEnv(VectorEnv):
         headers: Mapping[str, str] | None = None,
         step_batch: bool = True,
         batch_group_size: int = 64,
+        verify: VerifyOption = True,
+        cert: CertOption | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
@@ -295,6 +300,8 @@ class RemoteVectorEnv(VectorEnv):
             "retries": retries,
             "render_mode": render_mode,
             "headers": headers,
+            # Built once here: the sub-envs share its CA and certificate.
+            "verify": tls_context(url, verify, cert) or verify,
             # This env closes its sub-envs at exit itself: all at once, on its loop.
             "close_at_exit": False,
         }
