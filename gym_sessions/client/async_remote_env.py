@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
-from gym_sessions.client import lifecycle
+from gym_sessions.client import lifecycle, sigterm
 from gym_sessions.client.async_http import AsyncHTTPClient
 from gym_sessions.client.exchange import Request
 from gym_sessions.client.protocol import (
@@ -188,6 +188,7 @@ class AsyncRemoteEnv:
     ) -> tuple[Any, dict[str, Any]]:
         """Start (or restart) the session's episode; returns observation and info."""
         protocol = self.protocol
+        sigterm.hold(self)  # SIGTERM closes the session as Ctrl-C does
         if seed is not None:
             self._np_random, self._np_random_seed = seeding.np_random(seed)
         # A session's first start picks its worker; later resets reach it anyway.
@@ -290,6 +291,7 @@ class AsyncRemoteEnv:
                     await self._http.send(request)
         finally:
             await self._http.close()
+            sigterm.release(self)
 
     async def __aenter__(self) -> AsyncRemoteEnv:
         return await self.open()

@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 
+from gym_sessions.client import sigterm
 from gym_sessions.client.http import HTTPClient
 from gym_sessions.client.lifecycle import close_at_exit
 from gym_sessions.client.protocol import (
@@ -130,6 +131,7 @@ class RemoteEnv(gym.Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
+        sigterm.hold(self)  # SIGTERM closes the session as Ctrl-C does
         reply = self._http.send(self._protocol.reset_request(seed, options))
         observation, info = self._protocol.reset_reply(reply)
         if self._protocol.worker is None:
@@ -171,3 +173,4 @@ class RemoteEnv(gym.Env):
                     self._http.send(request)
         finally:
             self._http.close()
+            sigterm.release(self)

@@ -47,6 +47,7 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from gym_sessions.client import sigterm
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
 from gym_sessions.client.protocol import LIST_SUFFIX, EnvDescription
 from gym_sessions.client.step_batch import StepBatch
@@ -421,6 +422,7 @@ class RemoteVectorEnv(VectorEnv):
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every sub-env (or those in ``options["reset_mask"]``), as ``SyncVectorEnv``."""
+        sigterm.hold(self)  # here too: the sub-envs may reset in the loop's own thread
         if isinstance(seed, int):
             seeds: list[int | None] = [seed + i for i in range(self.num_envs)]
         else:
@@ -714,8 +716,11 @@ class RemoteVectorEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every session (best effort, concurrently), then the event loop."""
-        if self._close_at_exit.detach() is not None:
-            _close_and_stop(self._loop, self.envs, timeout=None)
+        try:
+            if self._close_at_exit.detach() is not None:
+                _close_and_stop(self._loop, self.envs, timeout=None)
+        finally:
+            sigterm.release(self)
 
 
 def _proxy_attribute(env: AsyncRemoteEnv, name: str) -> Any:
