@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from gym_sessions.client.tls import default_context
 from gym_sessions.errors import (
     ConnectionLostError,
     GymSessionsError,
@@ -192,7 +193,7 @@ class HTTPClientBase:
         #: TLS settings, for an ``https`` URL only.
         self.ssl_context: ssl.SSLContext | None = None
         if parts.scheme == "https":
-            self.ssl_context = ssl_context or ssl.create_default_context()
+            self.ssl_context = ssl_context or default_context()
         self._prefix = parts.path.rstrip("/")
         self.timeout = timeout
         self.keep_alive = keep_alive

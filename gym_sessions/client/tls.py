@@ -17,17 +17,30 @@ its sub-envs and hands it on as their ``verify``.
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 from urllib.parse import urlsplit
 
-__all__ = ["CertOption", "VerifyOption", "tls_context"]
+__all__ = ["CertOption", "VerifyOption", "default_context", "tls_context"]
 
 Path = str | os.PathLike[str]
 #: ``True``, ``False``, a CA file or directory, or an `ssl.SSLContext`.
 VerifyOption = bool | Path | ssl.SSLContext
 #: A PEM file with certificate and key, or a ``(certificate, key)`` pair.
 CertOption = Path | tuple[Path, Path]
+
+
+@functools.cache
+def default_context() -> ssl.SSLContext:
+    """The system's CAs, hostname checks: one context for every client (never change it).
+
+    Loading the CAs takes milliseconds; a vector env's or an agent's many
+    sessions share this one.
+    """
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["http/1.1"])
+    return context
 
 
 def tls_context(
@@ -46,6 +59,8 @@ def tls_context(
         if cert is not None:
             raise ValueError("cert= cannot go with an ssl.SSLContext: load it into the context")
         return verify
+    if verify is True and cert is None:
+        return default_context()
     if verify is True or verify is False:
         context = ssl.create_default_context()
         if verify is False:
