@@ -37,6 +37,7 @@ from gym_sessions.errors import (
     ConnectionLostError,
     EnvError,
     ForbiddenError,
+    GatewayTimeoutError,
     GymSessionsError,
     HeadersTooLargeError,
     HTTPError,
@@ -53,6 +54,7 @@ from gym_sessions.errors import (
     ReplyTimeoutError,
     RequestTimeoutError,
     ServerUnreachableError,
+    ServiceUnavailableError,
     SessionClosedError,
     SessionConflictError,
     SessionExpiredError,
@@ -61,6 +63,7 @@ from gym_sessions.errors import (
     StatusError,
     StepOutOfOrderError,
     ToolError,
+    TooManyRequestsError,
 )
 
 try:
@@ -79,6 +82,7 @@ __all__ = [
     "EnvDescription",
     "EnvError",
     "ForbiddenError",
+    "GatewayTimeoutError",
     "GymSessionsError",
     "HTTPError",
     "HeadersTooLargeError",
@@ -97,6 +101,7 @@ __all__ = [
     "ReplyTimeoutError",
     "RequestTimeoutError",
     "ServerUnreachableError",
+    "ServiceUnavailableError",
     "SessionClosedError",
     "SessionConflictError",
     "SessionExpiredError",
@@ -104,6 +109,7 @@ __all__ = [
     "StartupError",
     "StatusError",
     "StepOutOfOrderError",
+    "TooManyRequestsError",
     "ToolError",
     "__version__",
     "register_envs",

@@ -12,6 +12,7 @@
           │    ├── InvalidJSONError     400 invalid_json
           │    └── InvalidSessionIdError 400 invalid_session_id
           ├── InvalidTokenError         401 invalid_token
+          ├── ForbiddenError            403 forbidden
           ├── NotFoundError             404 not_found
           │    └── NoOpenEpisodeError   404 no_open_episode
           ├── MethodNotAllowedError     405 method_not_allowed
@@ -22,24 +23,33 @@
           │    └── SessionExpiredError  410 session_expired
           ├── RequestTimeoutError       408 request_timeout
           ├── BodyTooLargeError         413 body_too_large
+          ├── TooManyRequestsError      429 too_many_requests
           ├── HeadersTooLargeError      431 headers_too_large
           ├── EnvError                  500 env_error
           ├── InternalServerError       500 internal_error
           ├── BadGatewayError           502 bad_gateway
           │    └── BadUpstreamError     502 bad_upstream
-          ├── CapacityReachedError      503 capacity_reached
-          ├── OverloadedError           503 overloaded
-          └── ClaimsUnavailableError    503 claims_unavailable
+          ├── ServiceUnavailableError   503 service_unavailable
+          │    ├── CapacityReachedError 503 capacity_reached
+          │    ├── OverloadedError      503 overloaded
+          │    ├── NotReadyError        503 not_ready
+          │    └── ClaimsUnavailableError 503 claims_unavailable
+          └── GatewayTimeoutError       504 gateway_timeout
 
 The server raises these and `error_response` renders them as
 ``{"error": {"code": ..., "message": ...}}``; the client turns such a body back
 into the same class with `error_from_body`, so both sides share one mapping.
+A reply that is not in that format (a proxy's page, another server's) maps by
+its status alone, with a message that says so and never quotes a page; the
+429, 503 and 504 classes are what the server never sends but proxies do.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import re
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 __all__ = [
@@ -51,6 +61,7 @@ __all__ = [
     "ConnectionLostError",
     "EnvError",
     "ForbiddenError",
+    "GatewayTimeoutError",
     "GymSessionsError",
     "HTTPError",
     "HeadersTooLargeError",
@@ -67,6 +78,7 @@ __all__ = [
     "ReplyTimeoutError",
     "RequestTimeoutError",
     "ServerUnreachableError",
+    "ServiceUnavailableError",
     "SessionClosedError",
     "SessionConflictError",
     "SessionExpiredError",
@@ -74,10 +86,12 @@ __all__ = [
     "StartupError",
     "StatusError",
     "StepOutOfOrderError",
+    "TooManyRequestsError",
     "ToolError",
     "error_body",
     "error_from_body",
     "error_headers",
+    "foreign_reply_error",
     "jsonrpc_error_body",
     "out_of_resources",
 ]
@@ -209,6 +223,12 @@ class BodyTooLargeError(HTTPError):
     status, code = 413, "body_too_large"
 
 
+class TooManyRequestsError(HTTPError):
+    """A proxy or rate limiter in front of the server refused the request for now."""
+
+    status, code = 429, "too_many_requests"
+
+
 class HeadersTooLargeError(HTTPError):
     status, code = 431, "headers_too_large"
 
@@ -231,30 +251,42 @@ class BadUpstreamError(BadGatewayError):
     status, code = 502, "bad_upstream"
 
 
-class CapacityReachedError(HTTPError):
+class ServiceUnavailableError(HTTPError):
+    """The server, or a proxy in front of it, cannot take the request now (try again later)."""
+
+    status, code = 503, "service_unavailable"
+
+
+class CapacityReachedError(ServiceUnavailableError):
     """Every worker holds as many of a bounded resource as it may (try again later)."""
 
     status, code = 503, "capacity_reached"
     retry_after = 5
 
 
-class OverloadedError(HTTPError):
+class OverloadedError(ServiceUnavailableError):
     """The worker is short of a resource for now (request-body memory, file descriptors)."""
 
     status, code = 503, "overloaded"
     retry_after = 1
 
 
-class NotReadyError(HTTPError):
+class NotReadyError(ServiceUnavailableError):
     """``GET /ready``: this worker takes no new sessions now (draining, stopping)."""
 
     status, code = 503, "not_ready"
 
 
-class ClaimsUnavailableError(HTTPError):
+class ClaimsUnavailableError(ServiceUnavailableError):
     """The claim store (Redis) cannot be reached: nobody can tell which worker holds a session."""
 
     status, code = 503, "claims_unavailable"
+
+
+class GatewayTimeoutError(HTTPError):
+    """A proxy in front of the server waited too long for it."""
+
+    status, code = 504, "gateway_timeout"
 
 
 def _all_http_errors(cls: type[HTTPError]) -> list[type[HTTPError]]:
@@ -271,6 +303,9 @@ _BY_STATUS: dict[int, type[HTTPError]] = {
     cls.status: cls for cls in _all_http_errors(HTTPError) if cls.__base__ is HTTPError
 }
 
+
+#: The title of a foreign reply's HTML page (nginx's says what it refused).
+_TITLE = re.compile(rb"<title[^>]*>([^<]{1,200})</title>", re.IGNORECASE)
 
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -311,14 +346,21 @@ def jsonrpc_error_body(error: HTTPError, request_id: object = None) -> bytes:
     ).encode()
 
 
-def error_from_body(status: int, body: bytes) -> HTTPError:
+def error_from_body(
+    status: int, body: bytes, *, url: str | None = None, what: str | None = None
+) -> HTTPError:
     """The exception a client raises for an error reply with ``status`` and ``body``.
 
     A body in the framework's format (or its JSON-RPC form, `jsonrpc_error_body`)
-    maps by its code; any other error reply
-    (a proxy's HTML page, say) maps to the generic class for its status.
+    maps by its code; any other reply (a proxy's HTML page, another server's)
+    is `foreign_reply_error`'s.
+
+    Args:
+        status: The reply's status.
+        body: The reply's body.
+        url: The server's URL, for the message of a reply that is not ours.
+        what: The request (``"GET /spaces"``), for that message too.
     """
-    code, message = None, body[:500].decode("utf-8", "replace") or f"HTTP {status}"
     try:
         parsed: Any = json.loads(body)
         code = parsed["error"]["code"]
@@ -326,10 +368,59 @@ def error_from_body(status: int, body: bytes) -> HTTPError:
         if "jsonrpc" in parsed:  # a JSON-RPC error object names the code in its data
             code = parsed["error"]["data"]["code"]
     except (ValueError, TypeError, KeyError):
-        pass
+        return foreign_reply_error(status, body, url=url, what=what)
     cls = _BY_CODE.get(code) if isinstance(code, str) else None
     cls = cls or _BY_STATUS.get(status, HTTPError)
     error = cls(message)
     if error.status != status:
         error.status = status  # type: ignore[misc]
     return error
+
+
+def foreign_reply_error(
+    status: int, body: bytes, *, url: str | None = None, what: str | None = None
+) -> HTTPError:
+    """The exception for a reply that did not come from gym-sessions, by its status alone.
+
+    The class is the one of ``status`` (``HTTPError`` with code
+    ``unexpected_reply`` for a status no class has, a 200 among them); the
+    message names the request and URL, says the reply is not gym-sessions',
+    and describes the body without quoting a page of it.
+    """
+    cls = _BY_STATUS.get(status)
+    try:
+        phrase = f" {HTTPStatus(status).phrase}"
+    except ValueError:
+        phrase = ""
+    where = f"{what or 'a request'} to {url}: " if url else ""
+    server = url or "the server"
+    error = (cls or HTTPError)(
+        f"{where}HTTP {status}{phrase} with {_described(body)}, not a gym-sessions reply: "
+        f"{server} is not a gym-sessions server, or a proxy in front of it answered"
+    )
+    if cls is None:
+        error.status, error.code = status, "unexpected_reply"  # type: ignore[misc]
+    return error
+
+
+def _described(body: bytes) -> str:
+    """What a foreign reply's body is, in a few words (a short text is quoted, a page never)."""
+    start = body[:512].lstrip()
+    if not start:
+        return "an empty body"
+    if start[:1] == b"<":
+        title = _TITLE.search(body[:4096])
+        text = " ".join(title.group(1).decode("utf-8", "replace").split()) if title else ""
+        if text and text.isprintable() and "<" not in text:
+            return f"an HTML page titled {text[:120]!r}"
+        return "an HTML page"
+    try:
+        json.loads(body)
+    except ValueError:
+        pass
+    else:
+        return "a JSON body"
+    text = start.decode("utf-8", "replace").splitlines()[0].strip()
+    if text.isprintable():
+        return f"the text {text[:120]!r}"
+    return f"a {len(body)}-byte body"

@@ -133,10 +133,17 @@ def test_headers_the_client_sets_itself_or_that_break_framing_are_refused(header
         client(headers=headers)
 
 
-@pytest.mark.parametrize("url", ["https://h:1", "ftp://h", "h:8000", "http://"])
-def test_urls_other_than_http_are_refused(url):
-    with pytest.raises(ValueError, match="http://host:port"):
+@pytest.mark.parametrize("url", ["ftp://h", "h:8000", "http://", "https://"])
+def test_urls_other_than_http_and_https_are_refused(url):
+    with pytest.raises(ValueError, match="http://host:port or https://host"):
         HTTPClientBase(url)
+
+
+def test_an_https_url_gets_port_443_and_a_verifying_tls_context_by_default():
+    tls = HTTPClientBase("https://h/prefix")
+    assert (tls._host, tls._port, tls._prefix) == ("h", 443, "/prefix")
+    assert tls.ssl_context is not None and tls.ssl_context.check_hostname
+    assert HTTPClientBase("http://h").ssl_context is None
 
 
 # Resends after a lost reply -------------------------------------------------------------------

@@ -193,5 +193,3 @@ def test_an_async_client_on_a_shared_pool_leaves_the_pool_open_and_names_its_tim
             assert AsyncHTTPClient("https://example.org", pool=pool).url == "https://example.org"
 
     asyncio.run(main())
-    with pytest.raises(ValueError, match="http://host:port"):
-        AsyncHTTPClient("https://example.org")

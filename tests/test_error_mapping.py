@@ -21,14 +21,17 @@ from gym_sessions.client.exchange import (
 from gym_sessions.errors import (
     BadGatewayError,
     ConnectionLostError,
+    GatewayTimeoutError,
     GymSessionsError,
     HTTPError,
     InvalidRequestError,
     NotFoundError,
     ReplyTimeoutError,
     ServerUnreachableError,
+    ServiceUnavailableError,
     SessionConflictError,
     SessionGoneError,
+    TooManyRequestsError,
 )
 from gym_sessions.server.env_session import bad_gateway
 
@@ -73,19 +76,41 @@ def test_an_error_body_raises_the_class_its_code_names(cls):
         (404, NotFoundError),
         (409, SessionConflictError),
         (410, SessionGoneError),
+        (429, TooManyRequestsError),
         (502, BadGatewayError),
+        (503, ServiceUnavailableError),
+        (504, GatewayTimeoutError),
     ],
 )
-def test_a_body_not_in_the_framework_format_maps_by_status(status, cls):
+def test_a_body_not_in_the_framework_format_maps_by_status_and_says_so(status, cls):
     error = reply_error(status, b"<html>proxy says no</html>")
     assert type(error) is cls
-    assert error.message == "<html>proxy says no</html>"
+    assert error.message.startswith(f"POST /step to {URL}: HTTP {status} ")
+    assert "with an HTML page, not a gym-sessions reply" in error.message
+    assert "proxy says no" not in error.message
+
+
+def test_a_503_page_is_never_one_of_the_servers_own_503s():
+    # Which 503 the server meant is only in its body: a page says none of them.
+    error = reply_error(503, b"<html>503 Service Temporarily Unavailable</html>")
+    assert type(error) is ServiceUnavailableError and error.code == "service_unavailable"
+    for code in ("claims_unavailable", "capacity_reached", "overloaded", "not_ready"):
+        ours = reply_error(503, framework_body(code, "why"))
+        assert isinstance(ours, ServiceUnavailableError) and ours.code == code
 
 
 def test_an_unknown_status_is_a_plain_http_error_with_that_status():
     error = reply_error(418, b"")
     assert type(error) is HTTPError
-    assert (error.status, error.message) == (418, "HTTP 418")
+    assert (error.status, error.code) == (418, "unexpected_reply")
+    assert "HTTP 418 I'm a Teapot with an empty body" in error.message
+
+
+def test_an_html_page_is_an_error_whatever_its_status():
+    error = reply_error(200, b"<!doctype html><p>Welcome</p>", [("Content-Type", "text/html")])
+    assert type(error) is HTTPError
+    assert (error.status, error.code) == (200, "unexpected_reply")
+    assert "not a gym-sessions reply" in error.message
 
 
 def test_the_code_wins_over_the_status_and_the_status_is_kept():
@@ -94,8 +119,11 @@ def test_the_code_wins_over_the_status_and_the_status_is_kept():
     assert error.status == 502
 
 
-def test_a_long_non_json_body_is_cut_to_500_characters():
-    assert len(reply_error(500, b"x" * 10_000).message) == 500
+def test_a_short_text_is_quoted_cut_and_other_bodies_only_described():
+    assert "with the text 'no upstream'" in reply_error(500, b"no upstream\nmore").message
+    assert "'" + "x" * 120 + "'" in reply_error(500, b"x" * 10_000).message
+    assert "with a JSON body," in reply_error(500, b'{"detail": "Not Found"}').message
+    assert "with a 4-byte body," in reply_error(500, b"\x00\x01\x02\x03").message
 
 
 @pytest.mark.parametrize("status", [200, 204, 302, 399])

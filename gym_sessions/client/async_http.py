@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import ssl
 from collections.abc import Iterator, Mapping
 
 import aiohttp
@@ -76,15 +77,16 @@ class AsyncHTTPClient(HTTPClientBase):
     and belongs to that loop.
 
     Args:
-        url: As for `HTTPClientBase`; ``https`` too with a ``pool``.
+        url: As for `HTTPClientBase`.
         timeout: As for `HTTPClientBase`.
         keep_alive: As for `HTTPClientBase`.
         retries: As for `HTTPClientBase`.
         cookie_name: As for `HTTPClientBase`.
         headers: As for `HTTPClientBase`.
+        ssl_context: As for `HTTPClientBase`.
         pool: A shared aiohttp session to send with, which `close` leaves open:
-            its connector, timeouts and TLS settings apply (not ``timeout``);
-            its cookie jar is not used.
+            its connector, timeouts and TLS settings apply (not ``timeout``
+            nor ``ssl_context``); its cookie jar is not used.
     """
 
     _connection: Http11Connection | None = None
@@ -99,11 +101,10 @@ class AsyncHTTPClient(HTTPClientBase):
         retries: int = 1,
         cookie_name: str = SESSION_COOKIE,
         headers: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         pool: aiohttp.ClientSession | None = None,
     ) -> None:
-        schemes: tuple[str, ...] = ("http",)
         if pool is not None:
-            schemes = ("http", "https")
             # ReplyTimeoutError names the wait the pool allows for a reply.
             timeout = pool.timeout.sock_read or pool.timeout.total or math.inf
         super().__init__(
@@ -113,7 +114,7 @@ class AsyncHTTPClient(HTTPClientBase):
             retries=retries,
             cookie_name=cookie_name,
             headers=headers,
-            schemes=schemes,
+            ssl_context=ssl_context,
         )
         self._pool = pool
 
@@ -123,7 +124,11 @@ class AsyncHTTPClient(HTTPClientBase):
             if self._connection is not None:
                 self._connection.close()  # of another (finished) loop
             self._connection = Http11Connection(
-                self._host, self._port, timeout=self.timeout, keep_alive=self.keep_alive
+                self._host,
+                self._port,
+                timeout=self.timeout,
+                keep_alive=self.keep_alive,
+                ssl_context=self.ssl_context,
             )
             self._loop = loop
         return self._connection

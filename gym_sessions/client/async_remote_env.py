@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
-from gym_sessions.client import lifecycle
+from gym_sessions.client import lifecycle, sigterm
 from gym_sessions.client.async_http import AsyncHTTPClient
 from gym_sessions.client.exchange import Request
 from gym_sessions.client.protocol import (
@@ -21,6 +21,7 @@ from gym_sessions.client.protocol import (
     EnvDescription,
     RemoteEnvProtocol,
 )
+from gym_sessions.client.tls import CertOption, VerifyOption, tls_context
 from gym_sessions.errors import (
     BadGatewayError,
     ConnectionLostError,
@@ -65,6 +66,8 @@ class AsyncRemoteEnv:
         retries: Resends of a request that is safe to resend after a lost reply.
         headers: Extra headers sent with every request, the close at exit
             included (an authenticating proxy's, say: ``{"X-Proxy-Auth": "..."}``).
+        verify: As for `RemoteEnv` (``https://`` URLs).
+        cert: As for `RemoteEnv` (``https://`` URLs).
         description: The served env, when already known (a vector env reads
             ``/spaces`` once for all its sessions); read on `open` otherwise.
         close_at_exit: Close the session at garbage collection or exit if it is
@@ -84,6 +87,8 @@ class AsyncRemoteEnv:
         keep_alive: bool = True,
         retries: int = 1,
         headers: Mapping[str, str] | None = None,
+        verify: VerifyOption = True,
+        cert: CertOption | None = None,
         *,
         description: EnvDescription | None = None,
         close_at_exit: bool = True,
@@ -91,7 +96,12 @@ class AsyncRemoteEnv:
         self.url = url
         self.render_mode = render_mode
         self._http = AsyncHTTPClient(
-            url, timeout=timeout, keep_alive=keep_alive, retries=retries, headers=headers
+            url,
+            timeout=timeout,
+            keep_alive=keep_alive,
+            retries=retries,
+            headers=headers,
+            ssl_context=tls_context(url, verify, cert),
         )
         self._protocol: RemoteEnvProtocol | None = None
         self._np_random: np.random.Generator | None = None
@@ -178,6 +188,7 @@ class AsyncRemoteEnv:
     ) -> tuple[Any, dict[str, Any]]:
         """Start (or restart) the session's episode; returns observation and info."""
         protocol = self.protocol
+        sigterm.hold(self)  # SIGTERM closes the session as Ctrl-C does
         if seed is not None:
             self._np_random, self._np_random_seed = seeding.np_random(seed)
         # A session's first start picks its worker; later resets reach it anyway.
@@ -280,6 +291,7 @@ class AsyncRemoteEnv:
                     await self._http.send(request)
         finally:
             await self._http.close()
+            sigterm.release(self)
 
     async def __aenter__(self) -> AsyncRemoteEnv:
         return await self.open()

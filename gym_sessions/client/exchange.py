@@ -12,8 +12,10 @@ rules below are written once:
   caller's cookies, and no cookie on a session's first start (`Request.new_session`);
 - a reply (`Exchange.replied`): the session cookie it sets is kept, and an
   error status raises the class of `gym_sessions.errors` that the server
-  raised (`error_from_body`: by the body's code, else by the status); this is
-  the clients' one place that maps statuses to exceptions;
+  raised (`error_from_body`: by the body's code, else by the status, with a
+  message naming the URL: the reply is another server's, or a proxy's); an
+  HTML page with any status is never ours either; this is the clients' one
+  place that maps statuses to exceptions;
 - a send that got no reply (`Exchange.failed`):
 
   ============  ==========================  ===========================================
@@ -35,17 +37,20 @@ from __future__ import annotations
 
 import enum
 import json
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from gym_sessions.client.tls import default_context
 from gym_sessions.errors import (
     ConnectionLostError,
     GymSessionsError,
     ReplyTimeoutError,
     ServerUnreachableError,
     error_from_body,
+    foreign_reply_error,
 )
 from gym_sessions.wire import SESSION_COOKIE
 
@@ -150,7 +155,8 @@ class HTTPClientBase:
     """URL, session cookie and headers of a client, and the `Exchange` of each request.
 
     Args:
-        url: Server base URL, ``http://host:port`` (a path prefix is kept).
+        url: Server base URL, ``http://host:port`` or ``https://host[:port]``
+            (a path prefix is kept).
         timeout: Seconds to wait for connect and for each reply.
         keep_alive: Reuse one connection (the default). ``False`` opens a new
             connection per request, as pooled clients and load balancers do.
@@ -160,7 +166,8 @@ class HTTPClientBase:
         headers: Extra headers sent with every request (an authenticating
             proxy's, say). A ``Cookie`` here is sent along with the session
             cookie; framing headers (``Content-Type``, ``Connection``, ...) are refused.
-        schemes: URL schemes the shell can speak.
+        ssl_context: TLS settings of an ``https://`` URL (the system's default
+            by default: `gym_sessions.client.tls`); unused for ``http://``.
 
     Raises:
         ValueError: a bad URL, or a header the client sets itself.
@@ -175,14 +182,18 @@ class HTTPClientBase:
         retries: int = 1,
         cookie_name: str = SESSION_COOKIE,
         headers: Mapping[str, str] | None = None,
-        schemes: tuple[str, ...] = ("http",),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(url)
-        if parts.scheme not in schemes or not parts.hostname:
-            raise ValueError(f"url must look like http://host:port, not {url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must look like http://host:port or https://host, not {url!r}")
         self.url = url.rstrip("/")
         self._host = parts.hostname
-        self._port = parts.port or 80
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        #: TLS settings, for an ``https`` URL only.
+        self.ssl_context: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            self.ssl_context = ssl_context or default_context()
         self._prefix = parts.path.rstrip("/")
         self.timeout = timeout
         self.keep_alive = keep_alive
@@ -246,13 +257,18 @@ class Exchange:
         """The reply; raises the `HTTPError` an error status stands for.
 
         Raises:
-            HTTPError: ``status`` is 400 or more (the subclass the body's code names).
+            HTTPError: ``status`` is 400 or more (the subclass the body's code
+                names), or the reply is an HTML page (another server's).
         """
         headers = list(headers)
         self.client.remember_cookie(headers)
+        url, what = self.client.url, self.request.describe()
         if status >= 400:
-            raise error_from_body(status, body)
-        return Reply(status, {name.lower(): value for name, value in headers}, body)
+            raise error_from_body(status, body, url=url, what=what)
+        reply = Reply(status, {name.lower(): value for name, value in headers}, body)
+        if reply.headers.get("content-type", "").startswith("text/html"):
+            raise foreign_reply_error(status, body, url=url, what=what)  # never a reply of ours
+        return reply
 
     def failed(self, failure: TransportFailure) -> None:
         """Return to send the request again; otherwise raise its client error (see module)."""

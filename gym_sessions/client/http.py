@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import socket
-import ssl
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 from gym_sessions.client.exchange import (
     Exchange,
@@ -46,22 +44,10 @@ def _reply_failures() -> Iterator[None]:
 class HTTPClient(HTTPClientBase):
     """Blocking requests to one server over one connection, carrying the session cookie.
 
-    Arguments as for `HTTPClientBase`, and:
-
-    Args:
-        ssl_context: TLS settings; with one, ``https`` URLs are accepted too.
+    Arguments as for `HTTPClientBase`.
     """
 
     _connection: http.client.HTTPConnection | None = None
-
-    def __init__(
-        self, url: str, *, ssl_context: ssl.SSLContext | None = None, **options: Any
-    ) -> None:
-        schemes = ("http", "https") if ssl_context is not None else ("http",)
-        super().__init__(url, schemes=schemes, **options)
-        self.ssl_context = ssl_context
-        if url.startswith("https://") and urlsplit(url).port is None:
-            self._port = 443
 
     def request(
         self,
@@ -111,7 +97,7 @@ class HTTPClient(HTTPClientBase):
     def _connect(self) -> http.client.HTTPConnection:
         if self._connection is None:
             connection: http.client.HTTPConnection
-            if self.url.startswith("https://"):
+            if self.ssl_context is not None:
                 connection = http.client.HTTPSConnection(
                     self._host, self._port, timeout=self.timeout, context=self.ssl_context
                 )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import time
 
 from gym_sessions.client.exchange import Failure, TransportFailure
@@ -151,15 +152,25 @@ class Http11Connection:
     Args:
         host: Server host.
         port: Server port.
-        timeout: Seconds for connecting, and for each reply.
+        timeout: Seconds for connecting (the TLS handshake included), and for each reply.
         keep_alive: Keep the connection between requests.
+        ssl_context: Speak TLS with these settings (an ``https`` URL).
     """
 
-    def __init__(self, host: str, port: int, *, timeout: float, keep_alive: bool = True) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float,
+        keep_alive: bool = True,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
         self.keep_alive = keep_alive
+        self.ssl_context = ssl_context
         self._host_line = f"Host: {host}:{port}\r\n"
         self._reader: _ReplyReader | None = None
         self._idle_since = 0.0
@@ -211,7 +222,9 @@ class Http11Connection:
             loop = asyncio.get_running_loop()
             try:
                 async with asyncio.timeout(self.timeout):
-                    _, protocol = await loop.create_connection(_ReplyReader, self.host, self.port)
+                    _, protocol = await loop.create_connection(
+                        _ReplyReader, self.host, self.port, ssl=self.ssl_context
+                    )
             except TimeoutError as exc:
                 raise TransportFailure(Failure.UNREACHABLE, "connect timed out") from exc
             except OSError as exc:

@@ -94,7 +94,7 @@ def close_session_quietly(http: HTTPClientBase, protocol: ClosableSession) -> No
         retries=0,
         cookie_name=http.cookie_name,
         headers=http.headers,
-        ssl_context=http.ssl_context if isinstance(http, HTTPClient) else None,
+        ssl_context=http.ssl_context,
     )
     client.cookie = http.cookie
     try:

@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 
+from gym_sessions.client import sigterm
 from gym_sessions.client.http import HTTPClient
 from gym_sessions.client.lifecycle import close_at_exit
 from gym_sessions.client.protocol import (
@@ -17,6 +18,7 @@ from gym_sessions.client.protocol import (
     EnvDescription,
     RemoteEnvProtocol,
 )
+from gym_sessions.client.tls import CertOption, VerifyOption, tls_context
 from gym_sessions.errors import SessionGoneError
 
 __all__ = ["RemoteEnv"]
@@ -56,6 +58,12 @@ class RemoteEnv(gym.Env):
         headers: Extra headers sent with every request, the close at exit
             included (an authenticating proxy's, say: ``{"X-Proxy-Auth": "..."}``).
             A ``Cookie`` here is sent along with the session cookie.
+        verify: For an ``https://`` URL: check the server's certificate against
+            the system's CAs (``True``), a CA file's (a path), or not at all
+            (``False``); or an `ssl.SSLContext` of your own (`gym_sessions.client.tls`).
+        cert: A client certificate for an ``https://`` server or proxy that
+            asks for one: a PEM file with certificate and key, or a
+            ``(certificate, key)`` pair of files.
     """
 
     # What gymnasium.make checks a requested render_mode against before the
@@ -71,10 +79,17 @@ class RemoteEnv(gym.Env):
         keep_alive: bool = True,
         retries: int = 1,
         headers: Mapping[str, str] | None = None,
+        verify: VerifyOption = True,
+        cert: CertOption | None = None,
     ) -> None:
         self.url = url
         self._http = HTTPClient(
-            url, timeout=timeout, keep_alive=keep_alive, retries=retries, headers=headers
+            url,
+            timeout=timeout,
+            keep_alive=keep_alive,
+            retries=retries,
+            headers=headers,
+            ssl_context=tls_context(url, verify, cert),
         )
         try:
             description = EnvDescription.from_json(self._http.send(SPACES_REQUEST).json())
@@ -116,6 +131,7 @@ class RemoteEnv(gym.Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
+        sigterm.hold(self)  # SIGTERM closes the session as Ctrl-C does
         reply = self._http.send(self._protocol.reset_request(seed, options))
         observation, info = self._protocol.reset_reply(reply)
         if self._protocol.worker is None:
@@ -157,3 +173,4 @@ class RemoteEnv(gym.Env):
                     self._http.send(request)
         finally:
             self._http.close()
+            sigterm.release(self)

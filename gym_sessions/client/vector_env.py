@@ -47,9 +47,11 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from gym_sessions.client import sigterm
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
 from gym_sessions.client.protocol import LIST_SUFFIX, EnvDescription
 from gym_sessions.client.step_batch import StepBatch
+from gym_sessions.client.tls import CertOption, VerifyOption, tls_context
 from gym_sessions.errors import SessionGoneError
 from gym_sessions.spaces.values import space_contains
 
@@ -242,6 +244,8 @@ class RemoteVectorEnv(VectorEnv):
         retries: Resends of a request that is safe to resend after a lost reply.
         headers: Extra headers sent with every request of every sub-env (an
             authenticating proxy's, say: ``{"X-Proxy-Auth": "..."}``).
+        verify: As for `RemoteEnv` (``https://`` URLs); one TLS context serves every sub-env.
+        cert: As for `RemoteEnv` (``https://`` URLs).
         autoreset_mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED`` (see the module).
         max_episode_steps: Truncate episodes after this many steps, counted here
             (as ``gymnasium.make(..., max_episode_steps=...)`` does with ``TimeLimit``).
@@ -273,6 +277,8 @@ class RemoteVectorEnv(VectorEnv):
         headers: Mapping[str, str] | None = None,
         step_batch: bool = True,
         batch_group_size: int = 64,
+        verify: VerifyOption = True,
+        cert: CertOption | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
@@ -295,6 +301,8 @@ class RemoteVectorEnv(VectorEnv):
             "retries": retries,
             "render_mode": render_mode,
             "headers": headers,
+            # Built once here: the sub-envs share its CA and certificate.
+            "verify": tls_context(url, verify, cert) or verify,
             # This env closes its sub-envs at exit itself: all at once, on its loop.
             "close_at_exit": False,
         }
@@ -414,6 +422,7 @@ class RemoteVectorEnv(VectorEnv):
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every sub-env (or those in ``options["reset_mask"]``), as ``SyncVectorEnv``."""
+        sigterm.hold(self)  # here too: the sub-envs may reset in the loop's own thread
         if isinstance(seed, int):
             seeds: list[int | None] = [seed + i for i in range(self.num_envs)]
         else:
@@ -707,8 +716,11 @@ class RemoteVectorEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every session (best effort, concurrently), then the event loop."""
-        if self._close_at_exit.detach() is not None:
-            _close_and_stop(self._loop, self.envs, timeout=None)
+        try:
+            if self._close_at_exit.detach() is not None:
+                _close_and_stop(self._loop, self.envs, timeout=None)
+        finally:
+            sigterm.release(self)
 
 
 def _proxy_attribute(env: AsyncRemoteEnv, name: str) -> Any:

@@ -27,7 +27,13 @@ from gym_sessions.server.app import create_app
 from gym_sessions.server.targets import load_target
 from gym_sessions.settings import Settings
 
-__all__ = ["WorkerConfig", "WorkerSpec", "build_app"]
+__all__ = ["HEADLESS_SDL", "WorkerConfig", "WorkerSpec", "build_app"]
+
+#: SDL's drivers in a worker where unset: a served env renders its frames off
+#: screen (pygame for CartPole's ``rgb_array``) and never opens a window or plays
+#: a sound there, so SDL needs no desktop session and prints no warning for its
+#: absence (``XDG_RUNTIME_DIR is invalid or not set``, once per env).
+HEADLESS_SDL = {"SDL_VIDEODRIVER": "dummy", "SDL_AUDIODRIVER": "dummy"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class WorkerSpec:
 
 def build_app(spec: WorkerSpec) -> Callable[..., Any]:
     """The ASGI app serving ``spec.target`` with ``spec.settings`` in this process."""
+    for name, value in HEADLESS_SDL.items():
+        os.environ.setdefault(name, value)  # before the target (and pygame) is imported
     served = load_target(spec.target)
     if callable(served) and not hasattr(served, "bind"):
         return served  # an ASGI app served as it is

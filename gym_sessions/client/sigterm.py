@@ -1,0 +1,105 @@
+"""A client process stopped with SIGTERM closes its sessions, as one stopped with Ctrl-C does.
+
+SIGTERM is what ``kill``, Slurm and Kubernetes send. Python's default for it
+ends the process at once: no ``finally``, no exit handlers, so every session
+would stay open on the server until its idle timeout. Ctrl-C instead raises
+``KeyboardInterrupt``, the stack unwinds and the exit closes the sessions
+(`gym_sessions.client.lifecycle`, and a `RemoteVectorEnv`'s own close).
+
+So while a client holds an open session, and only where SIGTERM still has
+Python's default, `hold` puts a handler in its place that raises
+``SystemExit(143)`` in the main thread (128 + SIGTERM, the status a shell
+reports for a process SIGTERM ended): the stack unwinds as on Ctrl-C, quietly
+(``SystemExit`` prints no traceback), and the exit closes the sessions. The
+handler puts the default back before it raises, so a second SIGTERM (or one
+during the exit's closes) ends the process at once, as before.
+
+Left alone, always:
+
+- a handler of the application's own, installed before or after the first
+  session (it decides what SIGTERM means; an exit through ``sys.exit``
+  closes the sessions anyway, and one that chains to the handler it replaced
+  reaches this one), ``SIG_IGN``, and a handler installed outside Python;
+- clients used only from other threads than the main one: Python lets only
+  the main thread set a handler;
+- a forked child that inherited the handler: it dies by the signal, as it
+  would have without it (its parent's sessions are not its own).
+
+`release` puts the default back when the last held client closes, and so
+does the collection of the last one left open (in the main thread), if the
+handler is still this one; a SIGTERM that finds no client held is handed to
+the default at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import weakref
+from types import FrameType
+
+__all__ = ["EXIT_STATUS", "hold", "release"]
+
+#: The exit status of a client process that SIGTERM stopped (as a shell reports it).
+EXIT_STATUS = 128 + signal.SIGTERM
+
+# Clients with an open session, by id; weak, so a collected client stops counting.
+_held: dict[int, weakref.ref[object]] = {}
+_lock = threading.Lock()
+# The process whose handler this is (a forked child inherits it, not the pid).
+_installed_by: int | None = None
+
+
+def hold(owner: object) -> None:
+    """``owner`` has (or is starting) a session: SIGTERM now ends the process as Ctrl-C does."""
+    key = id(owner)
+    if _installed_by == os.getpid() and key in _held:
+        return
+    with _lock:
+        if key not in _held:
+            _held[key] = weakref.ref(owner, lambda _: _collected(key))
+        if _installed_by != os.getpid() and threading.current_thread() is threading.main_thread():
+            _install()
+
+
+def release(owner: object) -> None:
+    """``owner``'s sessions are closed; the last one out puts SIGTERM's default back."""
+    with _lock:
+        _held.pop(id(owner), None)
+        if not _held and threading.current_thread() is threading.main_thread():
+            _uninstall()
+
+
+def _collected(key: int) -> None:
+    # At garbage collection, maybe inside `hold` in this thread: no lock.
+    _held.pop(key, None)
+    if not _held and threading.current_thread() is threading.main_thread():
+        _uninstall()
+
+
+def _install() -> None:
+    global _installed_by
+    current = signal.getsignal(signal.SIGTERM)
+    if current is signal.SIG_DFL or current is _on_sigterm:  # inherited by a fork: ours too
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _installed_by = os.getpid()
+
+
+def _uninstall() -> None:
+    global _installed_by
+    if _installed_by == os.getpid() and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _installed_by = None
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    global _installed_by
+    # No lock here: the main thread may hold it where the signal came in.
+    ours = _installed_by == os.getpid()
+    signal.signal(signum, signal.SIG_DFL)
+    _installed_by = None
+    if not ours or not _held:
+        os.kill(os.getpid(), signum)  # ends the process as the default would
+        return
+    raise SystemExit(EXIT_STATUS)
