@@ -223,7 +223,11 @@ class _WorkerProcess(Process):
     def target(self, sockets: list[Any] | None = None) -> None:
         # An orphan first stops taking connections on the public port, then
         # releases its sessions (registered once the app has started).
-        on_parent_death(lambda: [sock.close() for sock in sockets or ()])
+        def close_public_socket() -> None:
+            for sock in sockets or ():
+                sock.close()
+
+        on_parent_death(close_public_socket)
         die_with_parent(self.supervisor_pid)
         super().target(sockets)
 
