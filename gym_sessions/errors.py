@@ -7,10 +7,13 @@
      ├── ReplyTimeoutError          no reply within the client's timeout
      ├── StatusError                ``gym-sessions status`` cannot read ``/metrics``
      ├── ToolError                  an MCP tool ran and reported a failure (``isError``)
+     ├── RefusedReplyError          an agent stopped reading an upstream's reply (too large,
+     │                              a redirect); agent code reports it as 502 bad_upstream
      └── HTTPError                  an error with a status and a JSON body
           ├── InvalidRequestError       400 invalid_request
           │    ├── InvalidJSONError     400 invalid_json
-          │    └── InvalidSessionIdError 400 invalid_session_id
+          │    ├── InvalidSessionIdError 400 invalid_session_id
+          │    └── ForbiddenTargetError 400 forbidden_target
           ├── InvalidTokenError         401 invalid_token
           ├── NotFoundError             404 not_found
           │    └── NoOpenEpisodeError   404 no_open_episode
@@ -51,6 +54,7 @@ __all__ = [
     "ConnectionLostError",
     "EnvError",
     "ForbiddenError",
+    "ForbiddenTargetError",
     "GymSessionsError",
     "HTTPError",
     "HeadersTooLargeError",
@@ -64,6 +68,7 @@ __all__ = [
     "NotFoundError",
     "NotReadyError",
     "OverloadedError",
+    "RefusedReplyError",
     "ReplyTimeoutError",
     "RequestTimeoutError",
     "ServerUnreachableError",
@@ -128,6 +133,15 @@ class ToolError(GymSessionsError):
     the space, no open episode); the message is the tool's own text."""
 
 
+class RefusedReplyError(GymSessionsError):
+    """An agent server stopped reading an upstream's reply: larger than
+    ``upstream_max_reply_bytes``, or a redirect (never followed).
+
+    Raised by the agent's HTTP pool (`gym_sessions.server.egress`); the agent's
+    env sessions and policies report it as `BadUpstreamError` naming the upstream.
+    """
+
+
 class HTTPError(GymSessionsError):
     """An error with an HTTP status and a machine-readable code."""
 
@@ -151,6 +165,15 @@ class InvalidJSONError(InvalidRequestError):
 
 class InvalidSessionIdError(InvalidRequestError):
     status, code = 400, "invalid_session_id"
+
+
+class ForbiddenTargetError(InvalidRequestError):
+    """A body named an upstream (env or model server) the agent server was not started with.
+
+    No connection was made (docs/security.md).
+    """
+
+    status, code = 400, "forbidden_target"
 
 
 class InvalidTokenError(HTTPError):
