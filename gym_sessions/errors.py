@@ -83,8 +83,10 @@ __all__ = [
     "error_body",
     "error_from_body",
     "error_headers",
+    "exception_text",
     "jsonrpc_error_body",
     "out_of_resources",
+    "unexpected_error",
 ]
 
 
@@ -301,6 +303,31 @@ _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 def out_of_resources(exc: OSError) -> bool:
     """Whether ``exc`` says this process is short of descriptors or memory (not a peer's fault)."""
     return exc.errno in _RESOURCE_ERRNOS
+
+
+def exception_text(exc: BaseException) -> str:
+    """What an error reply may say of ``exc``: its type and text, never a file name.
+
+    An `OSError`'s text names the files it was about (a metrics file, the
+    runtime directory, an interpreter's path): server paths, which a client is
+    not told. Only its ``strerror`` is kept.
+    """
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc.strerror or 'operating system error'}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def unexpected_error(exc: BaseException) -> HTTPError:
+    """The reply for an exception no handler answered.
+
+    503 ``overloaded`` when the worker is short of descriptors or memory (a
+    passing state; the request may be retried), else 500 ``internal_error``.
+    Either names the exception's type only: its text may hold server paths or
+    other internals, which the server's log has.
+    """
+    if isinstance(exc, OSError) and out_of_resources(exc):
+        return OverloadedError(f"this worker is short of resources: {exc.strerror}")
+    return InternalServerError(f"internal error: {type(exc).__name__} (see the server log)")
 
 
 def error_headers(error: HTTPError) -> list[tuple[bytes, bytes]]:

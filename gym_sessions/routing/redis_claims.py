@@ -800,7 +800,10 @@ async def _call(operation: Awaitable[_T], deadline: float) -> _T:
             f"the claim store did not answer within {deadline:g} s"
         ) from exc
     except (redis.RedisError, OSError) as exc:
-        raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
+        # The type only: redis-py's text names the store's address (a socket path).
+        raise ClaimsUnavailableError(
+            f"the claim store is unreachable ({type(exc).__name__})"
+        ) from exc
 
 
 async def _scan_all(client: Any, pattern: str) -> list[str]:
@@ -950,7 +953,9 @@ class WorkerRegistry:
         try:
             existed, new_epoch = script(**self._register_args("renew").call())
         except (redis.RedisError, OSError) as exc:
-            raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
+            raise ClaimsUnavailableError(
+                f"the claim store is unreachable ({type(exc).__name__})"
+            ) from exc
         self.last_registered = started
         self.epoch = new_epoch
         return bool(existed) and new_epoch == epoch and not may_have_lapsed

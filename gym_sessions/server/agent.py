@@ -55,6 +55,7 @@ from gym_sessions.errors import (
     SessionClosedError,
     SessionConflictError,
     SessionExpiredError,
+    exception_text,
 )
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.session_ids import AGENT_SOURCES, SESSION_KEY_FIELD, SessionIdSources
@@ -367,7 +368,7 @@ class AgentServer(SessionServer):
             raise
         except Exception as exc:
             self.claims.release_now(sid)
-            raise EnvError(f"seeding agent session {sid!r} failed: {exc}") from exc
+            raise EnvError(f"seeding agent session {sid!r} failed: {exception_text(exc)}") from exc
         if state is None:
             self.claims.release_now(sid)  # nothing to route to
             return False
@@ -375,7 +376,9 @@ class AgentServer(SessionServer):
             self.register_agent_session(sid, state)
         except Exception as exc:
             await self._roll_back(sid, state)
-            raise EnvError(f"agent session {sid!r} could not be registered: {exc}") from exc
+            raise EnvError(
+                f"agent session {sid!r} could not be registered: {exception_text(exc)}"
+            ) from exc
         self._seed_bodies[sid] = fields
         self.episodes.bind(sid, episode)
         self.claims.mark_open(sid)
