@@ -696,8 +696,11 @@ class EvictionWatch:
     holder, and let a start create a second env for it. So while Redis may
     evict, `RedisClaimStore` believes no absence: a read that finds no claim,
     and every new claim, get 503 ``claims_unavailable`` naming the cause, while
-    holders serve their sessions from memory. When eviction stops, ``on_stop``
-    runs (the registry then writes every claim of this worker back).
+    holders serve their sessions from memory. Once Redis does not evict (any
+    more) and has evicted keys since the last check (its ``evicted_keys``
+    count grew) or stopped evicting, ``on_stop`` runs: the registry then
+    writes every claim of this worker back. The count catches an eviction
+    that came and went between two checks of this worker.
 
     Checked every `EVICTION_CHECK_BEATS` heartbeats (`WorkerRegistry.run_heartbeat`)
     and, at most once a second, whenever a claim is missing (`recheck`).
@@ -705,7 +708,8 @@ class EvictionWatch:
     Args:
         client: The worker's Redis client.
         deadline: Seconds one check may take.
-        on_stop: Called when Redis stops evicting after it did.
+        on_stop: Called when this worker's claims may have been evicted and
+            Redis does not evict now.
         clock: Monotonic clock.
     """
 
@@ -724,24 +728,39 @@ class EvictionWatch:
         self._clock = clock
         self._checked_at = float("-inf")
         self._pending: asyncio.Future[str | None] | None = None
-        self._config_forbidden = False
+        self._forbidden: set[str] = set()
+        self._evicted: int | None = None
+        self._write_back_due = False
         self._refusals = 0
         self._logged_at = float("-inf")
 
-    async def check(self) -> str | None:
-        """Read the policy now; log when Redis starts or stops evicting. Returns `policy`."""
-        self._checked_at = self._clock()
+    async def _read(self, command: str, call: Awaitable[Any]) -> Mapping[Any, Any]:
         try:
             async with asyncio.timeout(self.deadline):
-                config = await self.client.config_get("maxmemory*")
-        except redis.ResponseError:  # CONFIG renamed or forbidden: the start-up check warned
-            if not self._config_forbidden:
-                self._config_forbidden = True
-                logger.warning("cannot read the claim store's maxmemory-policy: not watched")
-            return self.policy
+                return cast("Mapping[Any, Any]", await call)
+        except redis.ResponseError:  # renamed or forbidden (managed Redis)
+            if command not in self._forbidden:
+                self._forbidden.add(command)
+                logger.warning("cannot run %s on the claim store: eviction not watched", command)
+            return {}
+
+    async def check(self) -> str | None:
+        """Read the policy now; log when Redis starts or stops evicting. Returns `policy`."""
+        try:
+            config = await self._read("CONFIG GET", self.client.config_get("maxmemory*"))
+            stats = await self._read("INFO", self.client.info("stats"))
         except (redis.RedisError, OSError, TimeoutError):
             return self.policy  # unreachable: the requests that need Redis say so
         policy = _evicting_policy(config)
+        evicted = stats.get("evicted_keys")
+        if isinstance(evicted, int):
+            if self._evicted is not None and evicted > self._evicted:
+                logger.warning(
+                    "the claim store evicted %d key(s) since this worker last looked",
+                    evicted - self._evicted,
+                )
+                self._write_back_due = True
+            self._evicted = evicted
         if policy is not None and self.policy is None:
             logger.error(
                 "the claim store now evicts keys (maxmemory-policy %s, maxmemory %s): a missing "
@@ -752,20 +771,36 @@ class EvictionWatch:
             )
             self._logged_at = self._clock()
         elif policy is None and self.policy is not None:
-            logger.warning(
-                "the claim store no longer evicts keys: this worker writes its claims back"
-            )
-            self.on_stop()
+            logger.warning("the claim store no longer evicts keys")
+            self._write_back_due = True
         self.policy = policy
+        if policy is None and self._write_back_due:
+            self._write_back_due = False
+            logger.warning("claims may have been evicted: this worker writes its claims back")
+            self.on_stop()
         return policy
 
     async def recheck(self) -> str | None:
-        """`policy`, read again unless it was within the last second (concurrent callers share)."""
+        """`policy`, read again unless a recheck did within the last second (callers share one).
+
+        The periodic checks do not count: a miss right after one still asks.
+        """
         if self._pending is None or self._pending.done():
             if self._clock() - self._checked_at < _EVICTION_RECHECK_SECONDS:
                 return self.policy
+            self._checked_at = self._clock()
             self._pending = asyncio.ensure_future(self.check())
         return await asyncio.shield(self._pending)
+
+    async def refuse_if_evicting(self) -> None:
+        """Raise if Redis may evict keys (`recheck`): a key's absence says nothing then.
+
+        Raises:
+            ClaimsUnavailableError: it may.
+        """
+        policy = await self.recheck()
+        if policy is not None:
+            raise self.refusal(policy)
 
     def refusal(self, policy: str) -> ClaimsUnavailableError:
         """The 503 for a request that needs a claim's absence while Redis evicts (logged)."""
@@ -904,6 +939,7 @@ class WorkerRegistry:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._registration = self.signer.registration_value(self.worker_id, self.address)
         await self._write("start")
+        await self.eviction.check()  # what Redis has evicted so far: the baseline
 
     async def renew(self) -> bool:
         """Renew the registration; ``False`` if this worker must write its claims back.
@@ -1240,6 +1276,7 @@ class RedisClaimStore:
                 await self._refuse_if_evicting()  # it may have been evicted
                 return None
             case ClaimSettling(reason):
+                await self._refuse_if_evicting()  # the epoch may be what was evicted
                 raise ClaimsUnavailableError(
                     f"the claim store {reason}: its claims are being written back; retry shortly"
                 )
@@ -1257,10 +1294,7 @@ class RedisClaimStore:
         Raises:
             ClaimsUnavailableError: it may (`EvictionWatch`).
         """
-        watch = self.registry.eviction
-        policy = await watch.recheck()
-        if policy is not None:
-            raise watch.refusal(policy)
+        await self.registry.eviction.refuse_if_evicting()
 
     async def holder_exited(self, worker_id: str) -> bool:
         """Gone for a takeover: its registration lapsed and its claimed address refuses.

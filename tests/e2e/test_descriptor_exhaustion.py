@@ -38,13 +38,14 @@ class Session:
 
     def __init__(self, host: str, port: int) -> None:
         self.connection = http.client.HTTPConnection(host, port, timeout=30)
+        self.cookie = ""
         status, _, headers = self.post("/reset", {"options": {"initial_count": 0}})
         assert status == 200
         self.cookie = headers["set-cookie"].split(";", 1)[0]
 
     def post(self, path: str, body: dict) -> tuple[int, dict, dict[str, str]]:
         headers = {"Content-Type": "application/json"}
-        if getattr(self, "cookie", None):
+        if self.cookie:
             headers["Cookie"] = self.cookie
         self.connection.request("POST", path, json.dumps(body), headers)
         reply = self.connection.getresponse()
@@ -95,8 +96,14 @@ def test_a_step_out_of_descriptors_is_refused_before_it_runs_or_returns_its_resu
                 time.sleep(0.1)
             assert all(_open_descriptors(pid) >= NOFILE for pid in workers)
             replies = [session.post("/step", {"action": 1})[:2] for session in sessions]
-        # The idle connections are gone: every worker has descriptors again.
-        lengths = [session.post("/observe", {})[1]["episode_length"] for session in sessions]
+        # The idle connections are gone: every worker has descriptors again. A new
+        # connection each (a failed step may have closed its own): the cookie
+        # reaches the session's worker.
+        lengths = []
+        for session in sessions:
+            session.connection.close()
+            session.connection = http.client.HTTPConnection(host, port, timeout=30)
+            lengths.append(session.post("/observe", {})[1]["episode_length"])
     finally:
         server.stop()
     for (status, body), length in zip(replies, lengths, strict=True):
