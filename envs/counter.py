@@ -82,11 +82,13 @@ class CounterAgent(AgentServer):
     ``/run`` takes ``{env_url, task: {initial_count, increments, expected_count}}``
     and steps each increment in order; with ``model: {base_url, name}`` it asks
     an OpenAI-compatible model for each increment instead (the task is in the
-    prompt). Agent sessions hold a list of remembered values: ``POST /remember
-    {value}`` appends one and answers the count and total; the close receipt
-    carries them.
+    prompt). ``env_url`` and ``base_url`` name servers the agent was started
+    with (``--allow-env``, ``--allow-model``), by name or exact URL. Agent
+    sessions hold a list of remembered values: ``POST /remember {value}``
+    appends one and answers the count and total; the close receipt carries them.
 
-    Serve it with ``gym-sessions serve envs.counter:CounterAgent --workers 4``.
+    Serve it with ``gym-sessions serve envs.counter:CounterAgent --workers 4
+    --allow-env http://127.0.0.1:8000`` (the counter env's URL).
     Its sessions' state (a list) pickles: with ``--durable-sessions`` they
     outlive their worker.
     """
@@ -99,6 +101,7 @@ class CounterAgent(AgentServer):
             raise InvalidRequestError("task.increments must be a list of integers")
         if body.get("model") is not None:
             MODEL_BODY.validate(body["model"])
+            self.model_url(body["model"]["base_url"])  # refused before the episode starts
 
     def start_body(self, body: dict[str, Any]) -> dict[str, Any]:
         task = body.get("task") or {}
@@ -118,7 +121,7 @@ class CounterAgent(AgentServer):
         return CountedChatPolicy(
             ChatCompletionsPolicy(
                 self.http_client(),
-                model["base_url"],
+                self.model_url(model["base_url"]),
                 model.get("name", "counter-model"),
                 space_json_schema(space_from_json(spaces["action_space"])),
                 prompt,
@@ -156,7 +159,16 @@ TASK_BODY = BodySchema(
         "expected_count": Field(("integer", "null")),
     }
 )
-MODEL_BODY = BodySchema({"base_url": Field(("string",), required=True), "name": Field(("string",))})
+MODEL_BODY = BodySchema(
+    {
+        "base_url": Field(
+            ("string",),
+            required=True,
+            description="a model server the agent was started with (--allow-model): name or URL",
+        ),
+        "name": Field(("string",)),
+    }
+)
 
 
 class CountedChatPolicy:

@@ -115,6 +115,7 @@ from gym_sessions.errors import (
     InvalidRequestError,
     SessionClosedError,
     StartupError,
+    exception_text,
 )
 from gym_sessions.server import BodySchema, Field, ResourcesServer, Tool, session_id
 from gym_sessions.settings import Settings
@@ -232,7 +233,7 @@ class Interpreter:
         except BaseException as exc:
             _close_box(box, wait=False)
             if isinstance(exc, OSError):
-                raise EnvError(f"cannot start a Python interpreter: {exc}") from exc
+                raise EnvError(f"cannot start a Python interpreter: {exception_text(exc)}") from exc
             raise
         interpreter = cls(process, box)
         interpreter.reaped = _watch_exit(process, sandbox)

@@ -65,7 +65,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from gym_sessions.errors import CapacityReachedError, EnvError, StartupError
+from gym_sessions.errors import CapacityReachedError, EnvError, StartupError, exception_text
 
 __all__ = [
     "DEFAULT_STATE_DIR",
@@ -648,7 +648,7 @@ class ReplSandbox:
             try:
                 box = self._lease(uid)
             except OSError as exc:
-                raise EnvError(f"cannot prepare sandbox uid {uid}: {exc}") from exc
+                raise EnvError(f"cannot prepare sandbox uid {uid}: {exception_text(exc)}") from exc
             if box is not None:
                 return box
         raise CapacityReachedError(

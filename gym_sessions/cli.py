@@ -55,6 +55,12 @@ Several hosts behind one load balancer: run the same command on each host with
 $GYM_SESSIONS_SECRET), and --private-host set to an address the other hosts
 can reach; requests between hosts are signed.
 
+An agent server (envs.counter:CounterAgent, say) calls only the env and model
+servers it is started with: --allow-env URL (or NAME=URL) for each env server
+its /run bodies may name, --allow-model likewise for model servers. A body
+names one by NAME or by its exact URL; anything else gets 400
+forbidden_target and no connection is made (docs/security.md).
+
 The secret never goes on the command line (every user can read that): put it
 in a file only you can read, at least 32 characters on one line, and pass
 --secret-file PATH:
@@ -123,6 +129,7 @@ def serve(
         target = ServeTarget(target, env_kwargs)
     _make_non_dumpable()  # again for callers from Python; main() did it before reading the secret
     served = load_target(target)  # fail here, with one clear line, rather than in every worker
+    _check_egress(served, settings)
     if isinstance(served, SessionServer):
         served.check_settings(settings)
         if settings.durable_sessions:
@@ -194,6 +201,16 @@ def serve(
         if pid_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pid_file)
+
+
+def _check_egress(served: Any, settings: Settings) -> None:
+    """Refuse --allow-env / --allow-model for a server that calls nothing (a likely mix-up)."""
+    from gym_sessions.server.agent import AgentServer
+
+    if (settings.allowed_envs or settings.allowed_models) and not isinstance(served, AgentServer):
+        raise StartupError(
+            "--allow-env and --allow-model are for agent servers; this target is not one"
+        )
 
 
 def _reload_needs_workers(signum: int, frame: object) -> None:
@@ -455,6 +472,30 @@ def _parser() -> argparse.ArgumentParser:
         help="let servers that run client code (envs.python_repl) run it without their "
         "sandbox when not root (see README 'Security')",
     )
+    egress = serve_cmd.add_argument_group("agent servers: what they may call (docs/security.md)")
+    egress.add_argument(
+        "--allow-env",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="an env server /run may call (repeatable); a body names it by NAME or by this "
+        "exact URL (default: none, every /run gets 400 forbidden_target)",
+    )
+    egress.add_argument(
+        "--allow-model",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="a model server a /run body may name (repeatable), as --allow-env (default: none)",
+    )
+    egress.add_argument(
+        "--upstream-max-reply-bytes",
+        type=int,
+        default=Settings.upstream_max_reply_bytes,
+        metavar="BYTES",
+        help="an env or model server's reply larger than this is not read: 502 bad_upstream "
+        f"(default {Settings.upstream_max_reply_bytes // (1024 * 1024)} MiB)",
+    )
     metrics = serve_cmd.add_argument_group("metrics (README 'Metrics')")
     metrics.add_argument(
         "--metrics",
@@ -585,6 +626,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 durable_sessions=args.durable_sessions,
                 max_snapshot_bytes=args.max_snapshot_bytes,
                 handoff=args.handoff == "on",
+                allowed_envs=tuple(args.allow_env),
+                allowed_models=tuple(args.allow_model),
+                upstream_max_reply_bytes=args.upstream_max_reply_bytes,
             )
             serve(args.target, settings, args.log_level, args.pid_file, env_kwargs)
         elif args.command == "reload":

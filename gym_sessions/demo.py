@@ -170,9 +170,9 @@ def _print_batch(result: BatchResult) -> None:
     print(f"  wall time   {result.seconds:.2f} s ({rate:.1f} episodes/s)", flush=True)
 
 
-def _start(target: str, workers: int) -> ServerProcess:
+def _start(target: str, workers: int, *args: str) -> ServerProcess:
     try:
-        return start_server(target, workers=workers)
+        return start_server(target, *args, workers=workers)
     except RuntimeError as exc:
         raise StartupError(f"the demo's {target} server did not start: {exc}") from exc
 
@@ -204,7 +204,8 @@ def run_demo(workers: int, episodes: int, concurrency: int) -> int:
             results.append(_score(title, tasks, concurrency, play))
             _print_batch(results[-1])
         print(f"\n{_worker_spread(server)}")
-        with _start(AGENT_TARGET, workers) as agent:
+        # The agent may call this env server and no other (docs/security.md).
+        with _start(AGENT_TARGET, workers, "--allow-env", server.url) as agent:
             print(f"\nagent    {' '.join(agent.process.args)}")  # type: ignore[arg-type]
             title = "the same tasks through the counter agent's /run (agent and env routed)"
             play = functools.partial(_run_with_agent, agent.url, server.url)

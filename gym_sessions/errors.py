@@ -7,10 +7,13 @@
      ├── ReplyTimeoutError          no reply within the client's timeout
      ├── StatusError                ``gym-sessions status`` cannot read ``/metrics``
      ├── ToolError                  an MCP tool ran and reported a failure (``isError``)
+     ├── RefusedReplyError          an agent stopped reading an upstream's reply (too large,
+     │                              a redirect); agent code reports it as 502 bad_upstream
      └── HTTPError                  an error with a status and a JSON body
           ├── InvalidRequestError       400 invalid_request
           │    ├── InvalidJSONError     400 invalid_json
-          │    └── InvalidSessionIdError 400 invalid_session_id
+          │    ├── InvalidSessionIdError 400 invalid_session_id
+          │    └── ForbiddenTargetError 400 forbidden_target
           ├── InvalidTokenError         401 invalid_token
           ├── ForbiddenError            403 forbidden
           ├── NotFoundError             404 not_found
@@ -61,6 +64,7 @@ __all__ = [
     "ConnectionLostError",
     "EnvError",
     "ForbiddenError",
+    "ForbiddenTargetError",
     "GatewayTimeoutError",
     "GymSessionsError",
     "HTTPError",
@@ -75,6 +79,7 @@ __all__ = [
     "NotFoundError",
     "NotReadyError",
     "OverloadedError",
+    "RefusedReplyError",
     "ReplyTimeoutError",
     "RequestTimeoutError",
     "ServerUnreachableError",
@@ -91,9 +96,11 @@ __all__ = [
     "error_body",
     "error_from_body",
     "error_headers",
+    "exception_text",
     "foreign_reply_error",
     "jsonrpc_error_body",
     "out_of_resources",
+    "unexpected_error",
 ]
 
 
@@ -142,6 +149,15 @@ class ToolError(GymSessionsError):
     the space, no open episode); the message is the tool's own text."""
 
 
+class RefusedReplyError(GymSessionsError):
+    """An agent server stopped reading an upstream's reply: larger than
+    ``upstream_max_reply_bytes``, or a redirect (never followed).
+
+    Raised by the agent's HTTP pool (`gym_sessions.server.egress`); the agent's
+    env sessions and policies report it as `BadUpstreamError` naming the upstream.
+    """
+
+
 class HTTPError(GymSessionsError):
     """An error with an HTTP status and a machine-readable code."""
 
@@ -165,6 +181,15 @@ class InvalidJSONError(InvalidRequestError):
 
 class InvalidSessionIdError(InvalidRequestError):
     status, code = 400, "invalid_session_id"
+
+
+class ForbiddenTargetError(InvalidRequestError):
+    """A body named an upstream (env or model server) the agent server was not started with.
+
+    No connection was made (docs/security.md).
+    """
+
+    status, code = 400, "forbidden_target"
 
 
 class InvalidTokenError(HTTPError):
@@ -313,6 +338,31 @@ _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 def out_of_resources(exc: OSError) -> bool:
     """Whether ``exc`` says this process is short of descriptors or memory (not a peer's fault)."""
     return exc.errno in _RESOURCE_ERRNOS
+
+
+def exception_text(exc: BaseException) -> str:
+    """What an error reply may say of ``exc``: its type and text, never a file name.
+
+    An `OSError`'s text names the files it was about (a metrics file, the
+    runtime directory, an interpreter's path): server paths, which a client is
+    not told. Only its ``strerror`` is kept.
+    """
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc.strerror or 'operating system error'}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def unexpected_error(exc: BaseException) -> HTTPError:
+    """The reply for an exception no handler answered.
+
+    503 ``overloaded`` when the worker is short of descriptors or memory (a
+    passing state; the request may be retried), else 500 ``internal_error``.
+    Either names the exception's type only: its text may hold server paths or
+    other internals, which the server's log has.
+    """
+    if isinstance(exc, OSError) and out_of_resources(exc):
+        return OverloadedError(f"this worker is short of resources: {exc.strerror}")
+    return InternalServerError(f"internal error: {type(exc).__name__} (see the server log)")
 
 
 def error_headers(error: HTTPError) -> list[tuple[bytes, bytes]]:

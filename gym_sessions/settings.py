@@ -10,6 +10,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_sessions.upstreams import UpstreamTargets
 from gym_sessions.wire import SESSION_COOKIE
 
 __all__ = ["SECRET_ENV", "Settings"]
@@ -131,6 +132,14 @@ class Settings:
             (which then serves that connection) instead of forwarding it;
             where that cannot be done safely the request is forwarded as with
             ``False`` (docs/design.md §3.10.6).
+        allowed_envs: Agent servers: the env servers ``/run`` may call, each
+            ``URL`` or ``NAME=URL`` (``--allow-env``); a body names one by its
+            name or its exact URL, anything else is 400 ``forbidden_target``.
+            None given: the agent calls no env server (docs/security.md).
+        allowed_models: Agent servers: the model servers a body may name, as
+            ``allowed_envs`` (``--allow-model``).
+        upstream_max_reply_bytes: Agent servers: an env or model server's reply
+            larger than this is not read (502 ``bad_upstream``).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
     """
 
@@ -167,6 +176,9 @@ class Settings:
     durable_sessions: bool = False
     max_snapshot_bytes: int = 8 * _MIB
     handoff: bool = True
+    allowed_envs: tuple[str, ...] = ()
+    allowed_models: tuple[str, ...] = ()
+    upstream_max_reply_bytes: int = 16 * _MIB
     runtime_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -194,6 +206,12 @@ class Settings:
             raise ValueError("max_snapshot_bytes must be positive")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be positive")
+        if self.upstream_max_reply_bytes < 1:
+            raise ValueError("upstream_max_reply_bytes must be positive")
+        object.__setattr__(self, "allowed_envs", tuple(self.allowed_envs))
+        object.__setattr__(self, "allowed_models", tuple(self.allowed_models))
+        self.env_targets()  # refuse a malformed --allow-env / --allow-model here, at start-up
+        self.model_targets()
         if self.max_inflight_body_bytes < self.max_body_bytes:
             raise ValueError(
                 "max_inflight_body_bytes must be at least max_body_bytes (one body must fit)"
@@ -257,6 +275,14 @@ class Settings:
         other hosts' workers exist too, so one worker routes as well.
         """
         return self.routes_sessions_to_holder and (self.workers > 1 or self.redis_claims)
+
+    def env_targets(self) -> UpstreamTargets:
+        """`allowed_envs` parsed: the env servers an agent server may call."""
+        return UpstreamTargets.parse("env", self.allowed_envs)
+
+    def model_targets(self) -> UpstreamTargets:
+        """`allowed_models` parsed: the model servers an agent server may call."""
+        return UpstreamTargets.parse("model", self.allowed_models)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied."""

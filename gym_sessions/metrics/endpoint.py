@@ -14,11 +14,12 @@ pass through uncounted: their accepting worker counts them.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_sessions.error_reply import send_error
-from gym_sessions.errors import HTTPError, InvalidTokenError
+from gym_sessions.errors import HTTPError, InvalidTokenError, unexpected_error
 from gym_sessions.metrics.access import MetricsAccess
 from gym_sessions.metrics.recorder import CONTENT_TYPE, WorkerMetrics
 from gym_sessions.scope_keys import (
@@ -31,6 +32,8 @@ from gym_sessions.scope_keys import (
 __all__ = ["METRICS_PATH", "MetricsMiddleware"]
 
 METRICS_PATH = "/metrics"
+
+logger = logging.getLogger("gym_sessions.metrics")
 
 
 class MetricsMiddleware:
@@ -96,7 +99,12 @@ class MetricsMiddleware:
             await send_error(send, error)
             return
         # File reads of every worker's metrics: off the event loop.
-        page = await asyncio.to_thread(self.metrics.render)
+        try:
+            page = await asyncio.to_thread(self.metrics.render)
+        except Exception as exc:  # unreadable files (descriptors exhausted, say): a JSON error
+            logger.exception("rendering /metrics failed")
+            await send_error(send, unexpected_error(exc))
+            return
         await send(
             {
                 "type": "http.response.start",

@@ -27,14 +27,21 @@ reply byte is handed on, so a client that has its reply can already see it.
 
 The hot path is a few dictionary lookups and counter increments (memory
 stores into shared files with several workers, see `MetricsDirectory`).
+
+Recording never fails the request it counts (issue 33: a step that ran
+answered 500 because a metrics file could not be opened, descriptors being
+exhausted): a failed record is dropped, counted in `WorkerMetrics.lost_records`
+and logged at most once a minute.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Concatenate, ParamSpec
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
@@ -83,6 +90,26 @@ TOOL_SECONDS_BUCKETS = (
 )
 # Statuses counted per worker besides the totals: a session's conflicts and losses.
 _REFUSAL_STATUSES = (409, 410)
+
+
+_P = ParamSpec("_P")
+# A worker that cannot record says so this often in its log (not once per request).
+_LOST_LOG_SECONDS = 60.0
+
+
+def _best_effort(
+    record: Callable[Concatenate[WorkerMetrics, _P], None],
+) -> Callable[Concatenate[WorkerMetrics, _P], None]:
+    """A recording method that never raises: telemetry must not fail what it counts."""
+
+    @functools.wraps(record)
+    def guarded(self: WorkerMetrics, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        try:
+            record(self, *args, **kwargs)
+        except Exception as exc:
+            self._record_lost(record.__name__, exc)
+
+    return guarded
 
 
 class RouteLabels:
@@ -241,12 +268,16 @@ class WorkerMetrics:
         self._request_children: dict[tuple[str, str], Any] = {}
         self._tool_children: dict[tuple[str, str], Any] = {}
         self._counts = (-1, -1)
+        #: Records dropped because recording failed (a metrics file could not be opened).
+        self.lost_records = 0
+        self._lost_logged_at = float("-inf")
         pid = () if self.directory is not None else (str(os.getpid()),)
         info.labels(worker_id, *pid).set(1)
         self.counts(0, 0)
 
     # Recording (hot path) -----------------------------------------------------------------
 
+    @_best_effort
     def request_done(self, path: str, status: int | None, served: Served) -> None:
         """Count a request accepted on the public listener, as its reply ends.
 
@@ -265,6 +296,7 @@ class WorkerMetrics:
         if refusal is not None:
             refusal.inc()
 
+    @_best_effort
     def tool_call(self, tool: str, via: str, seconds: float) -> None:
         """Record one tool call's handler time (``via``: ``http`` or ``mcp``)."""
         key = (tool, via)
@@ -273,18 +305,22 @@ class WorkerMetrics:
             child = self._tool_children[key] = self._tool_seconds.labels(self.worker_id, *key)
         child.observe(seconds)
 
+    @_best_effort
     def session_expired(self) -> None:
         """Count a session closed for idling."""
         self._expired.inc()
 
+    @_best_effort
     def snapshot_written(self) -> None:
         """Count a durable session's snapshot written here."""
         self._snapshots_written.inc()
 
+    @_best_effort
     def session_restored(self) -> None:
         """Count a durable session restored here from its snapshot."""
         self._restored.inc()
 
+    @_best_effort
     def counts(self, claims: int, open_sessions: int) -> None:
         """This worker now holds ``claims`` claims, ``open_sessions`` of them live."""
         if (claims, open_sessions) == self._counts:
@@ -294,6 +330,20 @@ class WorkerMetrics:
         if open_sessions != self._counts[1]:
             self._open_sessions.set(open_sessions)
         self._counts = (claims, open_sessions)
+
+    def _record_lost(self, what: str, exc: Exception) -> None:
+        self.lost_records += 1
+        now = time.monotonic()
+        if now - self._lost_logged_at >= _LOST_LOG_SECONDS:
+            self._lost_logged_at = now
+            logger.warning(
+                "metrics: %s could not be recorded (%s: %s); %d record(s) lost so far, "
+                "requests are served on",
+                what,
+                type(exc).__name__,
+                exc,
+                self.lost_records,
+            )
 
     # The page -------------------------------------------------------------------------------
 

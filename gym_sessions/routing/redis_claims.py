@@ -44,6 +44,11 @@ burst is never taken for a lost Redis (the stress run found that), and one
 bound, not a pool wait plus a reply timeout one after the other.
 The scripts read a key they are not given (the worker registration), which is
 fine on one Redis server or a replicated pair, not on Redis Cluster.
+
+A Redis that evicts keys (a ``maxmemory`` with a policy other than
+``noeviction``) is refused at start-up and watched for afterwards
+(`EvictionWatch`): while it may evict, a missing claim may be an evicted one,
+so no absence is believed (503, never "unknown").
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -77,6 +82,7 @@ from gym_sessions.routing.redis_connection import STORE_DEADLINE_SECONDS, call_r
 
 __all__ = [
     "EntrySigner",
+    "EvictionWatch",
     "RedisClaimStore",
     "WorkerRegistry",
     "check_redis",
@@ -90,6 +96,12 @@ REGISTRATION_SECONDS = 10.0
 HEARTBEAT_SECONDS = 2.0
 # Look for dead workers' forgotten claims about every 30 s (on each worker).
 REAP_EVERY_BEATS = 15
+# Read Redis's eviction policy again about every 10 s (on each worker), and at
+# most once a second besides when a claim is missing (`EvictionWatch`).
+EVICTION_CHECK_BEATS = 5
+_EVICTION_RECHECK_SECONDS = 1.0
+# A worker refusing sessions because Redis evicts says so in its log this often.
+_EVICTION_LOG_SECONDS = 10.0
 _REAP_BATCH = 500
 # After Redis came back empty, a claim miss is "no answer" (503) this long, while
 # every holder's next heartbeat writes its claims back.
@@ -348,8 +360,9 @@ class _KeepArgs(_ScriptArgs):
 
 
 # Keep our claim without expiry (expire_ms 0) or with one; write it again if it
-# is gone (or still holds the unsigned value we were told to overwrite). 1, or
-# the other value the key holds (the caller checks whether it is signed).
+# is gone (or still holds the unsigned value we were told to overwrite). 1, 2
+# if it was gone, or the other value the key holds (the caller checks whether
+# it is signed).
 _KEEP = (
     _KeepArgs.lua_locals()
     + """
@@ -367,6 +380,7 @@ if tonumber(expire_ms) > 0 then
 else
   redis.call('PERSIST', claim_key)
 end
+if not owner then return 2 end
 return 1
 """
 )
@@ -614,12 +628,153 @@ def _check_eviction(client: redis.Redis, url: str) -> None:
             url,
         )
         return
-    policy = config.get("maxmemory-policy", "noeviction")
-    if int(config.get("maxmemory", "0") or 0) > 0 and policy != "noeviction":
+    policy = _evicting_policy(config)
+    if policy is not None:
         raise StartupError(
             f"the claim store at {url} may evict keys (maxmemory-policy {policy}): an evicted "
             "claim or registration makes live sessions look gone or unknown; set "
             "maxmemory-policy noeviction (or no maxmemory) for its database"
+        )
+
+
+def _evicting_policy(config: Mapping[Any, Any]) -> str | None:
+    """The ``maxmemory-policy`` of ``CONFIG GET maxmemory*`` if it may evict keys, else ``None``."""
+    policy = str(config.get("maxmemory-policy") or "noeviction")
+    if int(config.get("maxmemory") or 0) > 0 and policy != "noeviction":
+        return policy
+    return None
+
+
+class EvictionWatch:
+    """Whether Redis may evict keys now, rechecked while the server runs (docs/design.md §3.9.7).
+
+    The start-up check refuses an evicting Redis, but its configuration can
+    change later (``CONFIG SET maxmemory-policy allkeys-lru``). An evicted claim
+    would make a live session look unknown (404) on every worker but its
+    holder, and let a start create a second env for it. So while Redis may
+    evict, `RedisClaimStore` believes no absence: a read that finds no claim,
+    and every new claim, get 503 ``claims_unavailable`` naming the cause, while
+    holders serve their sessions from memory. Once Redis does not evict (any
+    more) and has evicted keys since the last check (its ``evicted_keys``
+    count grew) or stopped evicting, ``on_stop`` runs: the registry then
+    writes every claim of this worker back. The count catches an eviction
+    that came and went between two checks of this worker.
+
+    Checked every `EVICTION_CHECK_BEATS` heartbeats (`WorkerRegistry.run_heartbeat`)
+    and, at most once a second, whenever a claim is missing (`recheck`).
+
+    Args:
+        client: The worker's Redis client.
+        deadline: Seconds one check may take.
+        on_stop: Called when this worker's claims may have been evicted and
+            Redis does not evict now.
+        clock: Monotonic clock.
+    """
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        deadline: float,
+        on_stop: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.deadline = deadline
+        self.on_stop = on_stop
+        #: The evicting policy last seen; ``None``: Redis did not evict then.
+        self.policy: str | None = None
+        self._clock = clock
+        self._checked_at = float("-inf")
+        self._pending: asyncio.Future[str | None] | None = None
+        self._forbidden: set[str] = set()
+        self._evicted: int | None = None
+        self._write_back_due = False
+        self._refusals = 0
+        self._logged_at = float("-inf")
+
+    async def _read(self, command: str, call: Awaitable[Any]) -> Mapping[Any, Any]:
+        try:
+            async with asyncio.timeout(self.deadline):
+                return cast("Mapping[Any, Any]", await call)
+        except redis.ResponseError:  # renamed or forbidden (managed Redis)
+            if command not in self._forbidden:
+                self._forbidden.add(command)
+                logger.warning("cannot run %s on the claim store: eviction not watched", command)
+            return {}
+
+    async def check(self) -> str | None:
+        """Read the policy now; log when Redis starts or stops evicting. Returns `policy`."""
+        try:
+            config = await self._read("CONFIG GET", self.client.config_get("maxmemory*"))
+            stats = await self._read("INFO", self.client.info("stats"))
+        except (redis.RedisError, OSError, TimeoutError):
+            return self.policy  # unreachable: the requests that need Redis say so
+        policy = _evicting_policy(config)
+        evicted = stats.get("evicted_keys")
+        if isinstance(evicted, int):
+            if self._evicted is not None and evicted > self._evicted:
+                logger.warning(
+                    "the claim store evicted %d key(s) since this worker last looked",
+                    evicted - self._evicted,
+                )
+                self._write_back_due = True
+            self._evicted = evicted
+        if policy is not None and self.policy is None:
+            logger.error(
+                "the claim store now evicts keys (maxmemory-policy %s, maxmemory %s): a missing "
+                "claim may be an evicted one, so sessions whose claim is missing get 503 "
+                "claims_unavailable and no session starts until maxmemory-policy is noeviction",
+                policy,
+                config.get("maxmemory"),
+            )
+            self._logged_at = self._clock()
+        elif policy is None and self.policy is not None:
+            logger.warning("the claim store no longer evicts keys")
+            self._write_back_due = True
+        self.policy = policy
+        if policy is None and self._write_back_due:
+            self._write_back_due = False
+            logger.warning("claims may have been evicted: this worker writes its claims back")
+            self.on_stop()
+        return policy
+
+    async def recheck(self) -> str | None:
+        """`policy`, read again unless a recheck did within the last second (callers share one).
+
+        The periodic checks do not count: a miss right after one still asks.
+        """
+        if self._pending is None or self._pending.done():
+            if self._clock() - self._checked_at < _EVICTION_RECHECK_SECONDS:
+                return self.policy
+            self._checked_at = self._clock()
+            self._pending = asyncio.ensure_future(self.check())
+        return await asyncio.shield(self._pending)
+
+    async def refuse_if_evicting(self) -> None:
+        """Raise if Redis may evict keys (`recheck`): a key's absence says nothing then.
+
+        Raises:
+            ClaimsUnavailableError: it may.
+        """
+        policy = await self.recheck()
+        if policy is not None:
+            raise self.refusal(policy)
+
+    def refusal(self, policy: str) -> ClaimsUnavailableError:
+        """The 503 for a request that needs a claim's absence while Redis evicts (logged)."""
+        self._refusals += 1
+        if self._clock() - self._logged_at >= _EVICTION_LOG_SECONDS:
+            self._logged_at = self._clock()
+            logger.warning(
+                "%d request(s) refused with 503: the claim store evicts keys "
+                "(maxmemory-policy %s), so a missing claim cannot be told from an evicted one",
+                self._refusals,
+                policy,
+            )
+            self._refusals = 0
+        return ClaimsUnavailableError(
+            f"the claim store evicts keys (maxmemory-policy {policy}): whether this session "
+            "exists cannot be told; retry once Redis no longer evicts"
         )
 
 
@@ -659,12 +814,16 @@ class WorkerRegistry:
         self._clock = clock
         self._register = client.register_script(_REGISTER)
         self._restore_due = False
+        self.eviction = EvictionWatch(client, deadline, self._write_claims_back, clock)
         # Worker id -> (host, port) of registered workers. An id's address never
         # changes; whether the worker lives is asked again whenever a claim is read.
         self._known: dict[str, tuple[str, int]] = {}
         # Worker id -> the address its claims name: where to ask whether an
         # unregistered worker is gone or only slow to renew.
         self._claimed: dict[str, tuple[str, int]] = {}
+
+    def _write_claims_back(self) -> None:
+        self._restore_due = True  # the next beat writes every claim back
 
     def remember(self, worker_id: str, registration: str | None, claimed: str | None) -> None:
         """Record what a claim read said about ``worker_id``.
@@ -717,6 +876,7 @@ class WorkerRegistry:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._registration = self.signer.registration_value(self.worker_id, self.address)
         await self._write("start")
+        await self.eviction.check()  # what Redis has evicted so far: the baseline
 
     async def renew(self) -> bool:
         """Renew the registration; ``False`` if this worker must write its claims back.
@@ -766,7 +926,9 @@ class WorkerRegistry:
         try:
             existed, new_epoch = script(**self._register_args("renew").call())
         except (redis.RedisError, OSError) as exc:
-            raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
+            raise ClaimsUnavailableError(
+                f"the claim store is unreachable ({type(exc).__name__})"
+            ) from exc
         self.last_registered = started
         self.epoch = new_epoch
         return bool(existed) and new_epoch == epoch and not may_have_lapsed
@@ -806,10 +968,12 @@ class WorkerRegistry:
     ) -> None:
         """Renew until cancelled.
 
-        When `renew` says so, run ``on_lapse`` (write the claims back), and every
-        `REAP_EVERY_BEATS` beats (from a random first beat, so workers take
-        turns) run ``reap``. Both run beside the renewals, so a long restore
-        never lets the registration lapse.
+        When `renew` says so (or Redis stopped evicting keys), run ``on_lapse``
+        (write the claims back), and every `REAP_EVERY_BEATS` beats (from a
+        random first beat, so workers take turns) run ``reap``. Both run beside
+        the renewals, so a long restore never lets the registration lapse.
+        Every `EVICTION_CHECK_BEATS` beats, read Redis's eviction policy again
+        (`EvictionWatch`).
         """
         beat = secrets.randbelow(REAP_EVERY_BEATS)
         maintenance: asyncio.Task[None] | None = None
@@ -829,6 +993,8 @@ class WorkerRegistry:
                             "worker %s: claim store unreachable: %s", self.worker_id, exc
                         )
                         continue
+                if beat % EVICTION_CHECK_BEATS == 0:
+                    await self.eviction.check()
                 if maintenance is not None and not maintenance.done():
                     continue
                 if self._restore_due:
@@ -977,6 +1143,8 @@ class RedisClaimStore:
         is written back for that worker (if it is registered) rather than taken
         over: one session never gets two envs.
         """
+        if not restoring:
+            await self._refuse_if_evicting()
         name, value = self._mine(session_id)
         args = _CreateArgs(
             claim_key=self.claim_prefix + name,
@@ -1003,6 +1171,7 @@ class RedisClaimStore:
             ClaimsUnavailableError: that worker is not registered (it may be slow
                 or gone: nobody can tell yet), or the claim is held meanwhile.
         """
+        await self._refuse_if_evicting()
         worker_id, registration = lost.worker_id, lost.registration
         if registration is None:
             raise ClaimsUnavailableError(
@@ -1041,8 +1210,10 @@ class RedisClaimStore:
         """
         match reply:
             case ClaimFree():
+                await self._refuse_if_evicting()  # it may have been evicted
                 return None
             case ClaimSettling(reason):
+                await self._refuse_if_evicting()  # the epoch may be what was evicted
                 raise ClaimsUnavailableError(
                     f"the claim store {reason}: its claims are being written back; retry shortly"
                 )
@@ -1053,6 +1224,14 @@ class RedisClaimStore:
                 if holder != self.worker_id:
                     self.registry.remember(holder, registration, address)
                 return holder
+
+    async def _refuse_if_evicting(self) -> None:
+        """Raise if Redis may evict keys (read again at most once a second): no absence is sure.
+
+        Raises:
+            ClaimsUnavailableError: it may (`EvictionWatch`).
+        """
+        await self.registry.eviction.refuse_if_evicting()
 
     async def holder_exited(self, worker_id: str) -> bool:
         """Gone for a takeover: its registration lapsed and its claimed address refuses.
@@ -1141,7 +1320,12 @@ class RedisClaimStore:
             unsigned_value="",
         )
         found = await self._run(self._keep, args)
-        if found == 1:
+        if found == 2:
+            # Our claim was gone (it had no expiry, or its expiry had not run
+            # out): written back. Evicted, maybe: is Redis evicting now?
+            logger.warning("the claim of a session of this worker had vanished: written back")
+            await self.registry.eviction.recheck()
+        if found in (1, 2):
             return True
         try:
             holder: str | None = self.registry.signer.read_claim(name, found)[0]
@@ -1157,7 +1341,7 @@ class RedisClaimStore:
             return False
         # Still ours: write our value back over the one found, if nothing changed since.
         found = await self._run(self._keep, dataclasses.replace(args, unsigned_value=found))
-        if found == 1:
+        if found in (1, 2):
             return True
         raise ClaimsUnavailableError("the claim of this session keeps changing in the claim store")
 

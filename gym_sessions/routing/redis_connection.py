@@ -77,4 +77,7 @@ async def call_redis(operation: Awaitable[_T], deadline: float) -> _T:
             f"the claim store did not answer within {deadline:g} s"
         ) from exc
     except (redis.RedisError, OSError) as exc:
-        raise ClaimsUnavailableError(f"the claim store is unreachable: {exc}") from exc
+        # The type only: redis-py's text names the store's address (a socket path).
+        raise ClaimsUnavailableError(
+            f"the claim store is unreachable ({type(exc).__name__})"
+        ) from exc

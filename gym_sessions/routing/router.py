@@ -46,12 +46,10 @@ from gym_sessions.errors import (
     CapacityReachedError,
     HeadersTooLargeError,
     HTTPError,
-    InternalServerError,
-    OverloadedError,
     RequestTimeoutError,
     SessionConflictError,
     SessionGoneError,
-    out_of_resources,
+    unexpected_error,
 )
 from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
 from gym_sessions.routing.disconnect import DisconnectWatch
@@ -328,7 +326,7 @@ class SessionRouter:
                 raise  # uvicorn closes the connection of a reply it cannot finish
             # Never uvicorn's plain-text 500: a JSON error, the worker carries on.
             logger.exception("unexpected failure routing %s %s", scope["method"], scope["path"])
-            await self._send_error(scope, send, _unexpected(exc))
+            await self._send_error(scope, send, unexpected_error(exc))
         finally:
             ticket.release()
             if private:
@@ -888,12 +886,6 @@ def _without_header(send: Send, name: bytes) -> Send:
 
 async def _no_workers() -> list[str]:
     return []
-
-
-def _unexpected(exc: Exception) -> HTTPError:
-    if isinstance(exc, OSError) and out_of_resources(exc):
-        return OverloadedError(f"this worker is short of resources: {exc.strerror}")
-    return InternalServerError(f"internal error: {type(exc).__name__}: {exc}")
 
 
 class _NotHeldError(SessionConflictError):

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ from gym_sessions.errors import (
     SessionConflictError,
     SessionGoneError,
     error_from_body,
+    unexpected_error,
 )
 from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone, hop_error
 from gym_sessions.routing.handoff import Handoff
@@ -89,6 +91,8 @@ __all__ = [
     "StepBatchRoute",
     "is_step_batch",
 ]
+
+logger = logging.getLogger("gym_sessions.routing")
 
 STEP_BATCH_PATH = "/step_batch"
 #: Entries one batch may carry (413 beyond), on top of the body's byte bound.
@@ -350,9 +354,8 @@ class StepBatchRoute:
         except HTTPError as error:
             return _error_result(error, worker)
         except Exception as exc:  # an entry's failure is its own, never the batch's
-            return _error_result(
-                InternalServerError(f"internal error: {type(exc).__name__}: {exc}"), worker
-            )
+            logger.exception("step batch entry of session %r failed", sid)
+            return _error_result(unexpected_error(exc), worker)
         result["worker"] = worker
         return result
 

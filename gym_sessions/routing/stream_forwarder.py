@@ -19,7 +19,12 @@ from typing import Any
 import httptools
 from starlette.types import Scope, Send
 
-from gym_sessions.errors import BadGatewayError, OverloadedError, out_of_resources
+from gym_sessions.errors import (
+    BadGatewayError,
+    OverloadedError,
+    exception_text,
+    out_of_resources,
+)
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import HolderRefusedError, holder_gone, holder_refused
 from gym_sessions.routing.hop_headers import (
@@ -266,7 +271,7 @@ class StreamForwarder:
         if not await self.endpoints.reachable(worker_id):
             self._drop_pool(worker_id)
             return holder_gone(worker_id)
-        return BadGatewayError(f"forwarding to worker {worker_id} failed: {exc!r}")
+        return BadGatewayError(f"forwarding to worker {worker_id} failed: {exception_text(exc)}")
 
     async def close(self) -> None:
         """Close every pooled connection."""

@@ -120,6 +120,7 @@ class TcpEndpoints:
         except (OSError, TimeoutError):
             return  # refused or silent: gone (the caller answers 410)
         writer.close()
+        await self.registry.eviction.refuse_if_evicting()  # evicted, maybe: then say so
         raise ClaimsUnavailableError(
             f"worker {worker_id}'s registration lapsed but it still listens: slow, not gone; "
             "retry shortly"

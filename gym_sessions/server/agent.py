@@ -24,6 +24,11 @@ A retried seed of a live session with the same body gets ``created: false``
 and changes nothing; with another body it is 409 ``session_conflict``. Seeds
 and closes carrying NeMo Gym's ``episode_id`` get NeMo's reply shapes and bind
 the session to that episode (`gym_sessions.server.episodes`).
+
+What the agent may call is fixed when it starts (`Settings.allowed_envs`,
+`Settings.allowed_models`): a body names an env server by name or exact URL
+(`env_url`), resolved before anything is sent (`AgentServer.env_url`), and the
+shared pool refuses every other URL (`gym_sessions.server.egress`).
 """
 
 from __future__ import annotations
@@ -50,11 +55,13 @@ from gym_sessions.errors import (
     SessionClosedError,
     SessionConflictError,
     SessionExpiredError,
+    exception_text,
 )
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.session_ids import AGENT_SOURCES, SESSION_KEY_FIELD, SessionIdSources
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, read_json
+from gym_sessions.server.egress import egress_session
 from gym_sessions.server.env_session import EnvSession
 from gym_sessions.server.episodes import (
     AGENT_SEED_FIELDS,
@@ -64,6 +71,7 @@ from gym_sessions.server.episodes import (
 )
 from gym_sessions.server.policies import Policy, StopEpisode, act
 from gym_sessions.settings import Settings
+from gym_sessions.upstreams import UpstreamTargets
 
 __all__ = ["AGENT_CLOSE_PATH", "AGENT_SEED_PATH", "AgentServer"]
 
@@ -74,7 +82,11 @@ AGENT_CLOSE_PATH = "/v1/agent_sessions/close"
 
 RUN_BODY = BodySchema(
     {
-        "env_url": Field(("string",), required=True, description="the env server's base URL"),
+        "env_url": Field(
+            ("string",),
+            required=True,
+            description="an env server the agent was started with (--allow-env): its name or URL",
+        ),
         "seed": Field(("integer", "null")),
         "options": Field(("object", "null")),
         "max_steps": Field(("integer", "null")),
@@ -134,6 +146,8 @@ class AgentServer(SessionServer):
         #: The body each live agent session was seeded with (a retry must match it).
         self._seed_bodies: dict[str, dict[str, Any]] = {}
         self.episodes = EpisodeBinding()
+        self.env_targets = UpstreamTargets("env")
+        self.model_targets = UpstreamTargets("model")
 
     @property
     def start_paths(self) -> tuple[str, ...]:
@@ -142,6 +156,28 @@ class AgentServer(SessionServer):
     @property
     def window(self) -> float:
         return self.settings.session_close_retry_window_seconds
+
+    # Upstreams ---------------------------------------------------------------------------
+
+    def env_url(self, reference: str) -> str:
+        """The env server a body names (a name or an exact URL of ``--allow-env``).
+
+        Raises:
+            ForbiddenTargetError: it names no env server this agent may call.
+        """
+        return self.env_targets.resolve(reference)
+
+    def model_url(self, reference: str) -> str:
+        """The model server a body names (a name or an exact URL of ``--allow-model``).
+
+        Raises:
+            ForbiddenTargetError: it names no model server this agent may call.
+        """
+        return self.model_targets.resolve(reference)
+
+    def may_call(self, url: str) -> bool:
+        """Whether ``url`` is under an allowed env or model server (the pool's rule)."""
+        return self.env_targets.covers(url) or self.model_targets.covers(url)
 
     # Hooks -------------------------------------------------------------------------------
 
@@ -238,12 +274,17 @@ class AgentServer(SessionServer):
 
     async def _run_route(self, request: Request) -> JSONResponse:
         body = RUN_BODY.validate(await read_json(request))
+        self.env_url(body["env_url"])  # refused before any hook or connection runs
         self.check_run(body)
         return JSONResponse(await self.run_episode(body))
 
     async def run_episode(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Play one episode against ``body["env_url"]``; see the module docstring."""
-        env = EnvSession(self.http_client(), body["env_url"])
+        """Play one episode against the env server ``body["env_url"]`` names; see the module.
+
+        Raises:
+            ForbiddenTargetError: it names no env server this agent may call.
+        """
+        env = EnvSession(self.http_client(), self.env_url(body["env_url"]))
         spaces = self._spaces.get(env.url) or await env.spaces()
         self._spaces[env.url] = spaces
         policy = self.make_policy(body, spaces)
@@ -328,7 +369,7 @@ class AgentServer(SessionServer):
             raise
         except Exception as exc:
             self.claims.release_now(sid)
-            raise EnvError(f"seeding agent session {sid!r} failed: {exc}") from exc
+            raise EnvError(f"seeding agent session {sid!r} failed: {exception_text(exc)}") from exc
         if state is None:
             self.claims.release_now(sid)  # nothing to route to
             return False
@@ -336,7 +377,9 @@ class AgentServer(SessionServer):
             self.register_agent_session(sid, state)
         except Exception as exc:
             await self._roll_back(sid, state)
-            raise EnvError(f"agent session {sid!r} could not be registered: {exc}") from exc
+            raise EnvError(
+                f"agent session {sid!r} could not be registered: {exception_text(exc)}"
+            ) from exc
         self._seed_bodies[sid] = fields
         self.episodes.bind(sid, episode)
         self.claims.mark_open(sid)
@@ -439,14 +482,18 @@ class AgentServer(SessionServer):
             self.claims.release_now(sid)
 
     def http_client(self) -> aiohttp.ClientSession:
-        """The agent's shared aiohttp pool (for env servers and model servers)."""
+        """The agent's shared aiohttp pool (for env servers and model servers).
+
+        It calls only URLs under the allowed upstreams (`may_call`), follows no
+        redirect and reads at most ``upstream_max_reply_bytes`` of a reply
+        (`gym_sessions.server.egress`).
+        """
         if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(
-                    total=self.upstream_timeout, sock_connect=self.upstream_connect_timeout
-                ),
+            self._http = egress_session(
+                self.may_call,
+                max_reply_bytes=self.settings.upstream_max_reply_bytes,
+                connect_timeout=self.upstream_connect_timeout,
+                total_timeout=self.upstream_timeout,
             )
         return self._http
 
@@ -454,7 +501,18 @@ class AgentServer(SessionServer):
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
     ) -> None:
         super().bind(settings, claims, credentials)
+        self.env_targets = settings.env_targets()
+        self.model_targets = settings.model_targets()
         claims.on_idle(self._expire_idle)
+
+    def check_settings(self, settings: Settings) -> None:
+        super().check_settings(settings)
+        if not settings.allowed_envs:
+            logger.warning(
+                "%s: started with no --allow-env, so /run calls no env server: every /run "
+                "gets 400 forbidden_target (docs/security.md)",
+                type(self).__name__,
+            )
 
     def _expire_idle(self, sid: str) -> None:
         """A live agent session idled out: release it in the background; its receipt says so."""

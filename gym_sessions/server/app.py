@@ -29,11 +29,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     HTTPError,
-    InternalServerError,
     MethodNotAllowedError,
     NotFoundError,
     error_body,
     error_headers,
+    unexpected_error,
 )
 from gym_sessions.metrics import (
     METRICS_PATH,
@@ -138,7 +138,7 @@ async def _on_starlette_error(request: Request, exc: Exception) -> Response:
 
 
 async def _on_unexpected_error(request: Request, exc: Exception) -> Response:
-    return _error_response(InternalServerError(f"internal error: {type(exc).__name__}: {exc}"))
+    return _error_response(unexpected_error(exc))
 
 
 class WorkerApp(SupervisedApp):

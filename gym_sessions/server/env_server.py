@@ -34,6 +34,7 @@ from gym_sessions.errors import (
     InvalidRequestError,
     NoOpenEpisodeError,
     StepOutOfOrderError,
+    exception_text,
 )
 from gym_sessions.frames import encode_frame
 from gym_sessions.routing.step_batch import MAX_BATCH_ENTRIES, STEP_BATCH_PATH, BatchSteps
@@ -128,7 +129,7 @@ def _call_env(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
-        raise EnvError(f"env.{what} raised {type(exc).__name__}: {exc}") from exc
+        raise EnvError(f"env.{what} raised {exception_text(exc)}") from exc
 
 
 class GymEnvServer(ResourcesServer):
@@ -273,7 +274,9 @@ class GymEnvServer(ResourcesServer):
         try:
             encoded = encode_frame(frame)
         except TypeError as exc:
-            raise EnvError(f"env.render returned a frame that cannot be sent: {exc}") from exc
+            raise EnvError(
+                f"env.render returned a frame that cannot be sent: {exception_text(exc)}"
+            ) from exc
         return Response(
             encoded.body, encoded.status, encoded.headers, media_type=encoded.media_type
         )

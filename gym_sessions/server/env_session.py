@@ -11,7 +11,8 @@ received the cookie). Every failure becomes a `BadGatewayError` whose message
 names the env server, the route and the cause: the status and the framework's
 error code of an error reply, never its message or any other byte of it (an
 env server's reply may be a local service's page; issue 33). A reply that is
-not the JSON object the route needs is `BadUpstreamError` naming the field.
+not the JSON object the route needs is `BadUpstreamError` naming the field,
+and so is a reply the agent's pool refused to read (too large, a redirect).
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from gym_sessions.client.protocol import (
     verify_request,
 )
 from gym_sessions.client.step_recovery import StepRecovery
-from gym_sessions.errors import BadGatewayError, BadUpstreamError, GymSessionsError, HTTPError
+from gym_sessions.errors import (
+    BadGatewayError,
+    BadUpstreamError,
+    GymSessionsError,
+    HTTPError,
+    RefusedReplyError,
+)
 
 __all__ = ["EnvSession", "bad_gateway", "reply_fields"]
 
@@ -110,6 +117,8 @@ class EnvSession:
         )
         try:
             reply = await self._http.send_step(recovery)
+        except RefusedReplyError as refused:
+            raise BadUpstreamError(f"{self._what(recovery.step.path)}: {refused}") from None
         except GymSessionsError as error:
             raise bad_gateway(self.url, recovery.step.path, error) from error
         except ValueError as exc:  # a policy's action strict JSON cannot carry (NaN, say)
@@ -137,6 +146,8 @@ class EnvSession:
     async def _send(self, request: Request) -> Any:
         try:
             reply = await self._http.send(request)
+        except RefusedReplyError as refused:
+            raise BadUpstreamError(f"{self._what(request.path)}: {refused}") from None
         except GymSessionsError as error:
             raise bad_gateway(self.url, request.path, error) from error
         return _json(reply, self._what(request.path))

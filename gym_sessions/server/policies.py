@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from gym_sessions.errors import BadGatewayError, BadUpstreamError
+from gym_sessions.errors import BadGatewayError, BadUpstreamError, RefusedReplyError
 
 __all__ = ["ChatCompletionsPolicy", "Policy", "ScriptedPolicy", "StopEpisode", "act"]
 
@@ -60,8 +60,10 @@ class ChatCompletionsPolicy:
     step, as a chat agent's does.
 
     Args:
-        client: The aiohttp session to reach the model server with.
-        base_url: The model server, e.g. ``http://127.0.0.1:8001`` (``/v1/...`` appended).
+        client: The aiohttp session to reach the model server with (an agent's
+            `AgentServer.http_client`, which calls allowed upstreams only).
+        base_url: The model server, e.g. ``http://127.0.0.1:8001`` (``/v1/...``
+            appended); an agent takes it from `AgentServer.model_url`.
         model: The model name to ask for.
         action_schema: JSON Schema of an action.
         task: Text telling the model what to do.
@@ -117,6 +119,8 @@ class ChatCompletionsPolicy:
                 data = await reply.json(content_type=None)
         except ValueError:
             raise BadUpstreamError(f"model server {self._url}: the reply is not JSON") from None
+        except RefusedReplyError as refused:
+            raise BadUpstreamError(f"model server {self._url}: {refused}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise BadGatewayError(f"model server at {self._url} failed: {exc!r}") from exc
         try:

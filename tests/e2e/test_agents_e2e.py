@@ -37,8 +37,8 @@ async def run_all(agent_url: str, env_url: str, n: int, model_url: str | None = 
 
 def test_200_runs_with_a_model_at_4_and_4_workers(serve):
     env = serve(ENV, workers=4)
-    agent = serve(AGENT, workers=4)
     model = serve("tests.e2e.fake_model:app")
+    agent = serve(AGENT, "--allow-env", env.url, "--allow-model", model.url, workers=4)
     results = asyncio.run(run_all(agent.url, env.url, 200, model.url))
     rewards = [data.get("reward") for status, data in results]
     assert rewards.count(1.0) == 200, [d for s, d in results if s != 200][:3]
@@ -49,7 +49,7 @@ def test_200_runs_with_a_model_at_4_and_4_workers(serve):
 
 def test_runs_fail_when_the_env_server_does_not_route(serve):
     env = serve(ENV, "--no-routing", workers=4)
-    agent = serve(AGENT, workers=4)
+    agent = serve(AGENT, "--allow-env", env.url, workers=4)
     results = asyncio.run(run_all(agent.url, env.url, 200))
     correct = sum(1 for status, data in results if status == 200 and data["reward"] == 1.0)
     print(f"\n/run with the env server at 4 workers, --no-routing: {correct} of 200 scored 1.0")
@@ -132,7 +132,14 @@ def test_sigkilled_agent_worker_gives_exactly_its_agent_sessions_410(serve):
 
 def test_run_errors_name_the_cause_and_still_close_the_env_session(serve):
     env = serve("tests.e2e.failing_env:FailingEnv")
-    agent = serve("tests.e2e.scripted_agent:ScriptedAgent")
+    with socket_free_port() as dead_url:
+        agent = serve(
+            "tests.e2e.scripted_agent:ScriptedAgent",
+            "--allow-env",
+            env.url,
+            "--allow-env",
+            f"dead={dead_url}",
+        )
 
     async def run(body):
         async with client_session() as client, client.post(agent.url + "/run", json=body) as reply:
@@ -145,8 +152,7 @@ def test_run_errors_name_the_cause_and_still_close_the_env_session(serve):
     assert data["error"]["code"] == "bad_gateway"
     assert "/step" in data["error"]["message"] and "env_error" in data["error"]["message"]
     assert env.health()["sessions"] == 0  # closed in the finally
-    with socket_free_port() as dead_url:
-        status, data = asyncio.run(run({"env_url": dead_url, "actions": [0]}))
+    status, data = asyncio.run(run({"env_url": "dead", "actions": [0]}))
     assert status == 502
     assert dead_url in data["error"]["message"]
 

@@ -85,20 +85,19 @@ def _probe_worker_ids(url: str, expected: int, tries: int = 200) -> set[str]:
 def stack(request) -> Iterator[Stack]:
     workers = request.param
     tmp = tempfile.mkdtemp(prefix="gs-", dir="/tmp")
-    targets = {"env": ENV, "agent": AGENT, "repl": REPL}
     started: dict[str, ServerProcess] = {}
+
+    def start(kind: str, target: str, *args: str) -> ServerProcess:
+        return start_server(
+            target, *args, workers=workers, secret=SECRET, tmpdir=os.path.join(tmp, kind)
+        )
+
     try:
-        with ThreadPoolExecutor(len(targets)) as pool:
+        # The agent may call the env server only (--allow-env): it starts once that listens.
+        with ThreadPoolExecutor(2) as pool:
             futures = {
-                kind: pool.submit(
-                    start_server,
-                    target,
-                    *(REPL_ARGS if kind == "repl" else ()),
-                    workers=workers,
-                    secret=SECRET,
-                    tmpdir=os.path.join(tmp, kind),
-                )
-                for kind, target in targets.items()
+                "env": pool.submit(start, "env", ENV),
+                "repl": pool.submit(start, "repl", REPL, *REPL_ARGS),
             }
             failures = []
             for kind, future in futures.items():
@@ -108,6 +107,7 @@ def stack(request) -> Iterator[Stack]:
                     failures.append(exc)
             if failures:
                 raise failures[0]
+        started["agent"] = start("agent", AGENT, "--allow-env", started["env"].url)
         result = Stack(workers, started)
         for kind, server in started.items():
             result.worker_ids[kind] = _probe_worker_ids(server.url, workers)
@@ -709,7 +709,12 @@ AGENT_CASES: list[Case] = [
       "502 bad_gateway"),
     A("run-increment-10e400", "POST /run",
       _j('{"env_url": "ENV", "task": {"increments": [BIG]}}'), "502 bad_gateway"),
-    A("run-env-url-not-a-url", "POST /run", b'{"env_url": "not a url"}', "502 bad_gateway"),
+    # Only the env server the agent was started with (--allow-env) may be named.
+    A("run-env-url-not-a-url", "POST /run", b'{"env_url": "not a url"}', "400 forbidden_target"),
+    A("run-env-url-not-allowed", "POST /run", b'{"env_url": "http://127.0.0.1:1"}',
+      "400 forbidden_target"),
+    A("run-model-not-allowed", "POST /run",
+      b'{"env_url": "ENV", "model": {"base_url": "http://127.0.0.1:1"}}', "400 forbidden_target"),
     # /v1/agent_sessions
     A("seed-not-json", "POST /v1/agent_sessions", b"{oops", BAD_JSON),
     A("seed-nan", "POST /v1/agent_sessions", b'{"agent_session_id": NaN}', BAD_JSON),

@@ -212,3 +212,18 @@ def test_bad_several_hosts_limits_are_one_error_line(
         value,
     )
     assert_one_error_line(result, mention)
+
+
+@pytest.mark.parametrize(
+    ("target", "args", "mention"),
+    [
+        ("envs.counter:CounterAgent", ("--allow-env", "127.0.0.1:8000"), "--allow-env"),
+        ("envs.counter:CounterAgent", ("--allow-env", "http://h:1/?x=/admin"), "query"),
+        ("envs.counter:CounterAgent", ("--allow-model", "http://user:pw@h:1"), "credentials"),
+        ("envs.counter:CounterEnv", ("--allow-env", "http://127.0.0.1:8000"), "agent servers"),
+    ],
+    ids=["no-scheme", "query", "credentials", "not-an-agent"],
+)
+def test_a_bad_allow_list_is_one_error_line(short_tmp: str, target, args, mention):
+    result = run_cli(Path(short_tmp), "serve", target, "--port", "0", *args)
+    assert_one_error_line(result, mention)

@@ -185,7 +185,7 @@ async def test_a_step_whose_client_leaves_completes_and_is_recorded_once(serve, 
 @pytest.mark.parametrize("workers", [1, 4])
 async def test_a_run_whose_client_leaves_closes_its_env_session(serve, workers):
     env = serve(SLOW_ENV)  # one worker: its /health counts every session
-    agent = serve(AGENT, workers=workers)
+    agent = serve(AGENT, "--allow-env", env.url, workers=workers)
     run = {"env_url": env.url, "actions": [1] * 40, "options": {"step_seconds": 0.25}}
 
     async def env_sessions() -> int:

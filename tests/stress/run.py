@@ -93,7 +93,7 @@ def run_suite(
     with (
         fault_dir() as faults,
         start_server(ENV_TARGET, *args, workers=env_workers, env={FAULT_DIR_ENV: faults}) as env,
-        start_server(AGENT_TARGET, *args, workers=agent_workers) as agent,
+        start_server(AGENT_TARGET, *args, "--allow-env", env.url, workers=agent_workers) as agent,
         start_server(TALLY_TARGET, *args, workers=4) as tally,
     ):
 
@@ -151,7 +151,11 @@ def run_multihost_suite(
         ]
         wait_for_registrations(store.url, 2 * workers_per_host)
         balancer = stack.enter_context(run_nginx([host.url for host in hosts]))
-        agent = stack.enter_context(start_server(AGENT_TARGET, "--window", str(window), workers=4))
+        agent = stack.enter_context(
+            start_server(
+                AGENT_TARGET, "--window", str(window), "--allow-env", balancer.url, workers=4
+            )
+        )
 
         async def main() -> None:
             for n in sizes.runs:
