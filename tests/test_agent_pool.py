@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from envs.counter import CounterAgent
+from gym_sessions.server.egress import egress_session
 
 POOL = 256  # the agent pool's connection limit
-
-
-class PatientAgent(CounterAgent):
-    upstream_connect_timeout = 0.2
-    upstream_timeout = 30.0
 
 
 async def test_calls_queued_for_a_pooled_connection_wait_past_the_connect_timeout():
@@ -30,8 +25,9 @@ async def test_calls_queued_for_a_pooled_connection_wait_past_the_connect_timeou
 
     server = await asyncio.start_server(slow, "127.0.0.1", 0, backlog=1024)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
-    agent = PatientAgent()
-    client = agent.http_client()
+    client = egress_session(
+        lambda target: target == url, max_reply_bytes=1024, connect_timeout=0.2, total_timeout=30
+    )
     try:
 
         async def call() -> int:

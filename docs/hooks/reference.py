@@ -38,6 +38,8 @@ FLAG_FIELDS = {
     "no_routing": "routes_sessions_to_holder",
     "peer_network": "peer_networks",
     "metrics_token_file": "metrics_token",
+    "allow_env": "allowed_envs",
+    "allow_model": "allowed_models",
 }
 #: `serve` options that configure the command rather than a `Settings` field.
 SERVE_ONLY = {"help", "target", "env_kwargs", "pid_file", "log_level", "command_line_secret"}

@@ -14,7 +14,8 @@ import logging
 import pytest
 
 from envs.counter import CounterEnv
-from gym_sessions.routing.redis_claims import KEY_PREFIX, RedisClaimStore
+from gym_sessions.routing.keys import KEY_PREFIX
+from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.server.env_server import GymEnvServer
 
 from .cluster import Cluster, new_id, wait_until
