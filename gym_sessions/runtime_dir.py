@@ -59,23 +59,39 @@ def worker_process_exists(worker_id: str) -> bool:
         pid = int(worker_id.split("-", 1)[0])
     except ValueError:
         return True
-    return process_exists(pid) and not _is_zombie(pid)
+    return process_exists(pid) and not _is_ending(pid)
 
 
-def _is_zombie(pid: int) -> bool:
-    """A process that has exited but is not reaped yet (its parent reaps it within a second).
+# PF_EXITING in the kernel's flags word of /proc/<pid>/stat: the task is in exit().
+_PF_EXITING = 0x4
+_SIGKILL_BIT = 1 << (9 - 1)
 
-    A SIGKILLed worker stays a zombie until the supervisor reaps it, and
-    ``kill(pid, 0)`` still succeeds on it; it runs no code and holds no
-    socket. Linux only (``/proc``); elsewhere a zombie counts as alive.
+
+def _is_ending(pid: int) -> bool:
+    """A process that will run none of its code again: killed, exiting, or exited.
+
+    A SIGKILLed worker first has the kill pending (on a loaded machine it may
+    wait for a CPU), then tears itself down in the kernel (its sockets still
+    accept for a moment), then stays a zombie until the supervisor reaps it;
+    ``kill(pid, 0)`` succeeds all along. None of these runs Python again, so
+    none serves a request or writes a claim: its sessions are gone. Linux
+    only (``/proc``); elsewhere only a reaped process counts as ended.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
             stat = file.read()
+        with open(f"/proc/{pid}/status", "rb") as file:
+            status = file.read()
     except OSError:
         return False
     # The state follows the command name, which is in parentheses and may hold any byte.
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X", b"x") or int(fields[6]) & _PF_EXITING:
+        return True
+    for line in status.splitlines():
+        if line.startswith((b"ShdPnd:", b"SigPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+            return True
+    return False
 
 
 def _too_long(base: str) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from gym_sessions.errors import ClaimsUnavailableError, out_of_resources
+from gym_sessions.runtime_dir import worker_process_exists
 
 if TYPE_CHECKING:
     from gym_sessions.routing.redis_claims import WorkerRegistry
@@ -62,7 +63,8 @@ class UnixEndpoints:
         return await asyncio.open_unix_connection(self.socket_path(worker_id), limit=_READ_LIMIT)
 
     async def reachable(self, worker_id: str) -> bool:
-        return await _accepts(self.open(worker_id))
+        # A killed worker's socket still accepts while the kernel tears it down.
+        return worker_process_exists(worker_id) and await _accepts(self.open(worker_id))
 
 
 class TcpEndpoints:

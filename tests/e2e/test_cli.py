@@ -220,7 +220,12 @@ def test_bad_several_hosts_limits_are_one_error_line(
         ("envs.counter:CounterAgent", ("--allow-env", "127.0.0.1:8000"), "--allow-env"),
         ("envs.counter:CounterAgent", ("--allow-env", "http://h:1/?x=/admin"), "query"),
         ("envs.counter:CounterAgent", ("--allow-model", "http://user:pw@h:1"), "credentials"),
-        ("envs.counter:CounterEnv", ("--allow-env", "http://127.0.0.1:8000"), "agent servers"),
+        # Imported from any directory: the examples as installed.
+        (
+            "gym_sessions.examples.counter:CounterEnv",
+            ("--allow-env", "http://127.0.0.1:8000"),
+            "agent servers",
+        ),
     ],
     ids=["no-scheme", "query", "credentials", "not-an-agent"],
 )

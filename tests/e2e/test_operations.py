@@ -258,6 +258,7 @@ def test_killed_supervisor_takes_its_workers_and_the_port_is_free_again(serve, s
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the REPL sandbox needs root (see README)")
+@pytest.mark.xdist_group("repl_sandbox")  # the sandbox's uid range is host-wide
 def test_a_sessions_processes_die_with_its_killed_supervisor(serve):
     server = serve("envs.python_repl:PythonReplServer", workers=4)
     code = (
