@@ -17,6 +17,7 @@ included), together with the episode's bookkeeping (docs/design.md §3.14.1).
 
 from __future__ import annotations
 
+import copy
 import logging
 import pickle
 from collections.abc import Callable
@@ -46,9 +47,10 @@ from gym_sessions.spaces import (
     space_json_schema,
     space_to_json,
     value_from_json,
-    value_to_json,
 )
+from gym_sessions.spaces.binary import value_from_segment
 from gym_sessions.spaces.values import space_contains, to_jsonable
+from gym_sessions.value_messages import OFFER_FIELD, Segment, SpaceValue, binary_offer
 from gym_sessions.wire import EPISODE_LENGTH_HEADER, PYTHON_INT_FIELD
 
 __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
@@ -56,8 +58,9 @@ __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
 logger = logging.getLogger("gym_sessions.server")
 
 CaptureMethod = Literal["get_state", "pickle"]
-# Bumped when the snapshot payload of an env session changes shape.
-_SNAPSHOT_VERSION = 1
+# Bumped when the snapshot payload of an env session changes shape
+# (2: the observation and the start record's are native values, not JSON).
+_SNAPSHOT_VERSION = 2
 
 EnvFactory = Callable[..., gym.Env]
 _MAX_SEED = 2**64
@@ -77,7 +80,7 @@ class _ServedEnv:
     episode_open: bool = False
     episode_return: float = 0.0
     episode_length: int = 0
-    observation: Any = None  # the latest observation, as JSON
+    observation: SpaceValue | None = None  # the latest observation
 
 
 def _defines_state_protocol(env: gym.Env) -> bool:
@@ -159,6 +162,8 @@ class GymEnvServer(ResourcesServer):
                 "spec": _spec_json(probe, name),
                 # Clients step many sessions in one request where this is offered.
                 "step_batch": {"path": STEP_BATCH_PATH, "max_entries": MAX_BATCH_ENTRIES},
+                # ... and send values in binary (docs/design.md §3.15).
+                OFFER_FIELD: binary_offer(),
             }
         finally:
             probe.close()
@@ -191,7 +196,7 @@ class GymEnvServer(ResourcesServer):
             "episode_open": state.episode_open,
             "episode_return": state.episode_return,
             "episode_length": state.episode_length,
-            "observation": state.observation,
+            "observation": None if state.observation is None else state.observation.value,
             "records": self.session_records(session_id),
         }
         if _defines_state_protocol(state.env):
@@ -224,13 +229,16 @@ class GymEnvServer(ResourcesServer):
         if stale is not None:
             # Left by a request this worker served without the claim: never two envs.
             stale.env.close()
+        observation = payload["observation"]
         self._sessions[session_id] = _ServedEnv(
             env,
             render_mode,
             episode_open=payload["episode_open"],
             episode_return=payload["episode_return"],
             episode_length=payload["episode_length"],
-            observation=payload["observation"],
+            observation=None
+            if observation is None
+            else SpaceValue(self.observation_space, observation),
         )
         self.restore_records(session_id, payload.get("records", {}))
 
@@ -251,12 +259,14 @@ class GymEnvServer(ResourcesServer):
                 "terminated, truncated and info.",
                 self.step_arguments,
                 self._step,
+                carries_values=True,
             ),
             Tool(
                 "observe",
                 "Read the latest observation of this session's episode without acting.",
                 BodySchema(),
                 self._observe,
+                carries_values=True,
             ),
         ]
 
@@ -312,7 +322,9 @@ class GymEnvServer(ResourcesServer):
         observation, info = _call_env("reset", state.env.reset, seed=seed, options=options)
         state.episode_open = True
         state.episode_return, state.episode_length = 0.0, 0
-        state.observation = value_to_json(self.observation_space, observation)
+        # A copy: the start's reply is kept (a repeated seed gets it again) while
+        # the env may reuse the array it returned.
+        state.observation = SpaceValue(self.observation_space, copy.deepcopy(observation))
         return {
             "observation": state.observation,
             "info": to_jsonable(info),
@@ -365,10 +377,16 @@ class GymEnvServer(ResourcesServer):
                 f" {state.episode_length}: it did not run (an earlier send of it ran first?)"
             )
         try:
-            action = value_from_json(self.action_space, encoded_action)
+            if isinstance(encoded_action, Segment):
+                # One copy, so the env gets writable arrays (as from JSON, or locally).
+                action = value_from_segment(self.action_space, bytearray(encoded_action.data))
+            else:
+                action = value_from_json(self.action_space, encoded_action)
         except SpaceCodecError as exc:
             raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
         if not space_contains(self.action_space, action):
+            if isinstance(encoded_action, Segment):
+                raise InvalidRequestError(f"action {action!r:.200} is outside the action space")
             raise InvalidRequestError(f"action {encoded_action!r} is outside the action space")
         # Before the step: a step that raises may still have changed the env.
         self.session_changed(sid)
@@ -378,7 +396,7 @@ class GymEnvServer(ResourcesServer):
         state.episode_length += 1
         if terminated or truncated:
             state.episode_open = False
-        state.observation = value_to_json(self.observation_space, observation)
+        state.observation = SpaceValue(self.observation_space, observation)
         return {
             "observation": state.observation,
             "reward": reward,

@@ -20,12 +20,14 @@ A frame (the same layout for a segment and for a whole message)::
 Decoding checks everything against the space: the declared dtype must be the
 space's dtype (``numpy.dtype.str``, so the byte order is explicit), the shape
 the space's shape (a stacked value: any number of rows of it), and the buffer
-exactly ``prod(shape) * itemsize`` bytes. Arrays come back as read-only
-``np.frombuffer`` views of the received bytes: no copy.
+exactly ``prod(shape) * itemsize`` bytes, and every buffer backs exactly one
+array. Arrays come back as ``np.frombuffer`` views of the received bytes: no
+copy (read-only views of ``bytes``).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import json
 import math
 import operator
@@ -74,9 +76,9 @@ def _pad(n: int) -> int:
     return -n % 8
 
 
-def frame(head: bytes, blobs: list[bytes | memoryview]) -> bytes:
+def frame(head: bytes, blobs: collections.abc.Sequence[bytes | bytearray | memoryview]) -> bytes:
     """One frame of ``head`` (JSON bytes) and ``blobs`` (see the module)."""
-    parts: list[bytes | memoryview] = [
+    parts: list[bytes | bytearray | memoryview] = [
         _U32.pack(len(head), len(blobs)),
         struct.pack(f"<{len(blobs)}Q", *(len(blob) for blob in blobs)),
         head,
@@ -261,6 +263,9 @@ _ENCODERS: dict[type, Callable[[_Writer, Any, Any, str], Any]] = {
 class _Reader:
     def __init__(self, buffers: list[memoryview]) -> None:
         self.buffers = buffers
+        # Each buffer backs one array: a buffer named twice would let a few
+        # bytes stand for many arrays' worth of elements, which JSON cannot.
+        self.unused = set(range(len(buffers)))
 
     def array(
         self, ref: Any, dtype: np.dtype[Any], shape: tuple[int, ...] | None, path: str
@@ -271,6 +276,9 @@ class _Reader:
         index, declared, dims = ref["buffer"], ref["dtype"], ref["shape"]
         if type(index) is not int or not 0 <= index < len(self.buffers):
             raise SpaceCodecError(f"{path}: buffer {index!r:.20} does not exist")
+        if index not in self.unused:
+            raise SpaceCodecError(f"{path}: buffer {index} is named twice")
+        self.unused.discard(index)
         if declared != dtype.str:
             raise SpaceCodecError(f"{path}: dtype {declared!r:.20} is not the space's {dtype.str}")
         if (
@@ -407,10 +415,11 @@ def value_to_segment(space: Space[Any], value: Any) -> bytes:
     return frame(_TREE_ENCODER.encode(tree).encode(), writer.buffers)
 
 
-def value_from_segment(space: Space[Any], segment: bytes | memoryview) -> Any:
+def value_from_segment(space: Space[Any], segment: bytes | bytearray | memoryview) -> Any:
     """Decode a segment into a value of ``space``, as `value_from_json` would return it.
 
-    Arrays are read-only views of ``segment`` (copy one to write into it).
+    Arrays are views of ``segment``, no copy: read-only when ``segment`` is
+    (``bytes``), writable when it is (a ``bytearray``).
 
     Raises:
         SpaceCodecError: The segment is malformed or does not fit ``space``.
@@ -418,7 +427,11 @@ def value_from_segment(space: Space[Any], segment: bytes | memoryview) -> Any:
     view = segment if isinstance(segment, memoryview) else memoryview(segment)
     try:
         tree, buffers = unframe(view, "segment")
-        return _Reader(buffers).value(space, tree, "$")
+        reader = _Reader(buffers)
+        value = reader.value(space, tree, "$")
+        if reader.unused:
+            raise SpaceCodecError(f"$: buffer {min(reader.unused)} is not part of the value")
+        return value
     except SpaceCodecError:
         raise
     except WRAPPED_ERRORS as exc:
