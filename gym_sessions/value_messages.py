@@ -7,11 +7,15 @@ its ``Content-Type``, a client that wants binary replies in its ``Accept``;
 ``GET /spaces`` offers the encoding (`binary_offer`), and the project's
 clients use it whenever it is offered.
 
-A binary message is a frame (`gym_sessions.spaces.binary.frame`) whose head is
-the JSON object the route would send, except that each space value at the
-route's value positions is a reference ``{"segment": i}`` to blob ``i`` of the
-frame, the value's segment (`value_to_segment`). Every blob is named exactly
-once. The value positions (`ValuePositions`):
+A binary message is a frame (`gym_sessions.spaces.binary.frame`: a JSON
+head, then raw blobs, each at an 8-aligned offset) whose head is the JSON
+object the route would send, except that each space value at the route's
+value positions is an object ``{"tree": T, "buffers": [i, ...]}``: ``T`` is
+the value as `gym_sessions.spaces.binary.value_to_tree` writes it (its JSON
+with each array a reference ``{"buffer": k, "dtype": "<f4", "shape": [84,
+84]}``), and array ``k`` holds the bytes of blob ``buffers[k]`` of the frame.
+Every blob belongs to exactly one array of one value. The value positions
+(`ValuePositions`):
 
 =====================================  ==============================
 message                                space values
@@ -29,6 +33,7 @@ Error replies are always the JSON body of §3.7.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,7 +43,7 @@ from gymnasium.spaces import Space
 
 from gym_sessions.errors import InvalidBinaryError, UnsupportedMediaTypeError
 from gym_sessions.spaces import SpaceCodecError, space_from_json, space_to_json
-from gym_sessions.spaces.binary import MAX_BLOBS, frame, unframe, value_to_segment
+from gym_sessions.spaces.binary import Buffer, frame, unframe, value_to_tree
 from gym_sessions.spaces.values import value_to_json
 
 __all__ = [
@@ -51,8 +56,8 @@ __all__ = [
     "OFFER_FIELD",
     "STEP_BODY",
     "VALUE_REPLY",
+    "BinaryValue",
     "Encoding",
-    "Segment",
     "SpaceValue",
     "ValuePositions",
     "binary_offer",
@@ -117,6 +122,7 @@ def _text(value: str | bytes | None) -> str | None:
     return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
+@functools.lru_cache(maxsize=64)  # a client sends the same few values again and again
 def body_encoding(content_type: str | bytes | None) -> Encoding:
     """The encoding of a request body by its ``Content-Type``: JSON unless it names binary.
 
@@ -143,6 +149,7 @@ def body_encoding(content_type: str | bytes | None) -> Encoding:
     return Encoding.BINARY
 
 
+@functools.lru_cache(maxsize=64)
 def reply_encoding(accept: str | bytes | None) -> Encoding:
     """The encoding of a reply by the request's ``Accept``: binary if it lists ``v=1`` (q > 0)."""
     if accept is None or (
@@ -179,14 +186,18 @@ def reply_encoding_of(scope: Mapping[str, Any]) -> Encoding:
     return reply_encoding(_scope_header(scope, b"accept"))
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """The segment of one space value in a binary message (not yet decoded)."""
+class BinaryValue:
+    """One space value of a binary message, not yet decoded: its tree and its buffers."""
 
-    data: bytes | bytearray | memoryview
+    __slots__ = ("buffers", "tree")
+
+    def __init__(self, tree: Any, buffers: list[Buffer]) -> None:
+        self.tree = tree
+        self.buffers = buffers
 
     def __repr__(self) -> str:
-        return f"<binary value of {len(self.data)} bytes>"
+        size = sum(len(buffer) for buffer in self.buffers)
+        return f"<binary value: {len(self.buffers)} buffers, {size} bytes>"
 
 
 class SpaceValue:
@@ -196,14 +207,14 @@ class SpaceValue:
     snapshot holds it), not as the space object with its bounds' arrays.
     """
 
-    __slots__ = ("_json", "_segment", "space", "value")
+    __slots__ = ("_binary", "_json", "space", "value")
     _UNSET: Any = object()
 
     def __init__(self, space: Space[Any], value: Any) -> None:
         self.space = space
         self.value = value
         self._json: Any = SpaceValue._UNSET
-        self._segment: bytes | None = None
+        self._binary: BinaryValue | None = None
 
     def to_json(self) -> Any:
         """The value as `value_to_json` writes it."""
@@ -211,11 +222,11 @@ class SpaceValue:
             self._json = value_to_json(self.space, self.value)
         return self._json
 
-    def to_segment(self) -> bytes:
-        """The value's binary segment (`value_to_segment`)."""
-        if self._segment is None:
-            self._segment = value_to_segment(self.space, self.value)
-        return self._segment
+    def to_binary(self) -> BinaryValue:
+        """The value's tree and buffers (`value_to_tree`)."""
+        if self._binary is None:
+            self._binary = BinaryValue(*value_to_tree(self.space, self.value))
+        return self._binary
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _restore_space_value, (space_to_json(self.space), self.value)
@@ -253,40 +264,41 @@ def _holders(head: Mapping[str, Any], positions: ValuePositions) -> list[Any]:
     return items if isinstance(items, list) else []
 
 
-def _encoded(value: Any, segments: list[bytes | bytearray | memoryview]) -> Any:
+def _encoded(value: Any, blobs: list[Buffer]) -> Any:
     if isinstance(value, SpaceValue):
-        segments.append(value.to_segment())
-    elif isinstance(value, Segment):
-        segments.append(value.data)
-    else:
+        value = value.to_binary()
+    elif not isinstance(value, BinaryValue):
         return value
-    return {"segment": len(segments) - 1}
+    first = len(blobs)
+    blobs.extend(value.buffers)
+    return {"tree": value.tree, "buffers": list(range(first, len(blobs)))}
 
 
 def encode_message(head: Mapping[str, Any], positions: ValuePositions) -> bytes:
-    """``head`` as a binary message: its `SpaceValue` and `Segment` objects at ``positions``
-    become segment references, in order; any other field is written as JSON.
+    """``head`` as a binary message: its `SpaceValue` and `BinaryValue` objects at
+    ``positions`` become value objects, their buffers the frame's blobs, in order;
+    any other field is written as JSON.
 
     Raises:
         SpaceCodecError: a value does not have the structure of its space.
         ValueError: a field is not JSON (NaN, say).
     """
-    segments: list[bytes | bytearray | memoryview] = []
+    blobs: list[Buffer] = []
     out = dict(head)
     name = positions.field
     if positions.within is None:
         if name in out:
-            out[name] = _encoded(out[name], segments)
+            out[name] = _encoded(out[name], blobs)
     else:
         items = out.get(positions.within)
         if isinstance(items, list):
             out[positions.within] = [
-                {**item, name: _encoded(item[name], segments)}
+                {**item, name: _encoded(item[name], blobs)}
                 if isinstance(item, dict) and name in item
                 else item
                 for item in items
             ]
-    return frame(_HEAD_ENCODER.encode(out).encode(), segments)
+    return frame(_HEAD_ENCODER.encode(out).encode(), blobs)
 
 
 def json_content(content: Mapping[str, Any], positions: ValuePositions) -> dict[str, Any]:
@@ -311,44 +323,41 @@ def json_content(content: Mapping[str, Any], positions: ValuePositions) -> dict[
     }
 
 
-def _reference(ref: Any, count: int, where: str) -> int:
-    if not isinstance(ref, dict) or set(ref) != {"segment"}:
-        raise InvalidBinaryError(f'{where} must be a segment reference {{"segment": i}}')
-    index = ref["segment"]
-    if type(index) is not int or not 0 <= index < count:
-        raise InvalidBinaryError(f"{where}: segment {index!r:.20} does not exist")
-    return index
+def decode_message(data: Buffer, positions: ValuePositions) -> dict[str, Any]:
+    """The head of a binary message, each value object at ``positions`` a `BinaryValue`.
 
-
-def decode_message(
-    data: bytes | bytearray | memoryview, positions: ValuePositions
-) -> dict[str, Any]:
-    """The head of a binary message, each reference at ``positions`` replaced by its `Segment`.
-
-    Segments are views of ``data``, not copies. A field at ``positions`` must
-    be a reference when present; every segment must be named exactly once.
+    The buffers are views of ``data``, not copies. A field at ``positions``
+    must be a value object ``{"tree", "buffers"}`` when present; every blob
+    must belong to exactly one value.
 
     Raises:
-        InvalidBinaryError: the message is malformed (frame, head, references).
+        InvalidBinaryError: the message is malformed (frame, head, value objects).
     """
     view = data if isinstance(data, memoryview) else memoryview(data)
     try:
-        head, segments = unframe(view, "message")
+        head, blobs = unframe(view, "message")
     except SpaceCodecError as exc:
         raise InvalidBinaryError(f"the body is not a binary message: {exc}") from exc
     if not isinstance(head, dict):
         raise InvalidBinaryError("the head of a binary message must be a JSON object")
-    if len(segments) > MAX_BLOBS:  # pragma: no cover - unframe bounds it already
-        raise InvalidBinaryError(f"a message holds at most {MAX_BLOBS} segments")
-    unused = set(range(len(segments)))
+    count = len(blobs)
+    named = bytearray(count)  # 1 once a value names the blob
     name = positions.field
 
     def take(holder: dict[str, Any], where: str) -> None:
-        index = _reference(holder[name], len(segments), where)
-        if index not in unused:
-            raise InvalidBinaryError(f"{where}: segment {index} is named twice")
-        unused.discard(index)
-        holder[name] = Segment(segments[index])
+        value = holder[name]
+        if type(value) is not dict or len(value) != 2 or "tree" not in value:
+            raise InvalidBinaryError(f'{where} must be a value object {{"tree", "buffers"}}')
+        indices = value.get("buffers")
+        if type(indices) is not list:
+            raise InvalidBinaryError(f"{where}.buffers must be a list of blob numbers")
+        for index in indices:
+            if type(index) is not int or not 0 <= index < count or named[index]:
+                raise InvalidBinaryError(
+                    f"{where}.buffers: blob {index!r:.20} does not exist or is named twice"
+                )
+            named[index] = 1
+        holder[name] = BinaryValue(value["tree"], [blobs[index] for index in indices])
 
     if positions.within is None:
         if name in head:
@@ -357,8 +366,8 @@ def decode_message(
         for i, item in enumerate(_holders(head, positions)):
             if isinstance(item, dict) and name in item:
                 take(item, f"{positions.within}[{i}].{name}")
-    if unused:
+    if count and not all(named):
         raise InvalidBinaryError(
-            f"segment {min(unused)} is not named at {positions.describe()} in the head"
+            f"blob {named.index(0)} belongs to no value at {positions.describe()}"
         )
     return head

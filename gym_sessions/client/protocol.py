@@ -53,7 +53,7 @@ from gym_sessions.client.step_recovery import StepRecovery
 from gym_sessions.errors import InvalidBinaryError
 from gym_sessions.frames import decode_frame
 from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
-from gym_sessions.spaces.binary import value_from_segment, value_to_segment
+from gym_sessions.spaces.binary import value_from_tree, value_to_tree
 from gym_sessions.value_messages import (
     BATCH_BODY,
     BATCH_REPLY,
@@ -61,8 +61,8 @@ from gym_sessions.value_messages import (
     BINARY_MEDIA_TYPE,
     STEP_BODY,
     VALUE_REPLY,
+    BinaryValue,
     Encoding,
-    Segment,
     ValuePositions,
     body_encoding,
     decode_message,
@@ -142,32 +142,32 @@ def start_request(
 def step_request(action: Any, episode_length: int) -> Request:
     """One ``/step`` with an action already encoded; never resent blindly.
 
-    ``action`` in JSON, or a `Segment`: then the body is a binary message and
+    ``action`` in JSON, or a `BinaryValue`: then the body is a binary message and
     the reply is asked for in binary. It runs only at ``episode_length`` (the
     steps before it, as the client counts them): a resend after a lost reply
     cannot run the step twice.
     """
     headers = {EPISODE_LENGTH_HEADER: str(episode_length)}
-    if isinstance(action, Segment):
+    if isinstance(action, BinaryValue):
         body = EncodedBody(encode_message({"action": action}, STEP_BODY), BINARY_MEDIA_TYPE)
         return Request("POST", "/step", body, {**headers, **_BINARY_REPLIES})
     return Request("POST", "/step", {"action": action}, headers)
 
 
 def batch_request(path: str, entries: list[dict[str, Any]]) -> Request:
-    """A ``/step_batch`` of ``entries`` (their actions JSON, or all `Segment`: binary)."""
+    """A ``/step_batch`` of ``entries`` (their actions JSON, or all `BinaryValue`: binary)."""
     batch = {"entries": entries}
-    if entries and isinstance(entries[0]["action"], Segment):
+    if entries and isinstance(entries[0]["action"], BinaryValue):
         body = EncodedBody(encode_message(batch, BATCH_BODY), BINARY_MEDIA_TYPE)
         return Request("POST", path, body, _BINARY_REPLIES, sends_cookie=False)
     return Request("POST", path, batch, sends_cookie=False)
 
 
 def reply_fields(reply: Reply, positions: ValuePositions = VALUE_REPLY) -> Any:
-    """A reply's JSON, or its binary message's head with a `Segment` at each value position.
+    """A reply's JSON, or its binary message's head with a `BinaryValue` at each value position.
 
     Read by the reply's own ``Content-Type``; a binary body is copied once, so
-    the arrays decoded from its segments are writable.
+    the arrays decoded from its values are writable.
 
     Raises:
         ValueError: the body is not what its ``Content-Type`` says.
@@ -352,8 +352,8 @@ class RemoteEnvProtocol:
     def _observation(self, data: Mapping[str, Any]) -> Any:
         """A reply's observation, decoded; a Python ``int`` where the served env gave one."""
         space, raw = self.description.observation_space, data["observation"]
-        if isinstance(raw, Segment):
-            observation = value_from_segment(space, raw.data)
+        if isinstance(raw, BinaryValue):
+            observation = value_from_tree(space, raw.tree, raw.buffers)
         else:
             observation = value_from_json(space, raw)
         if data.get(PYTHON_INT_FIELD) is True:
@@ -361,10 +361,10 @@ class RemoteEnvProtocol:
         return observation
 
     def encode_action(self, action: Any) -> Any:
-        """``action`` as the server takes it: a binary `Segment` where offered, else JSON."""
+        """``action`` as the server takes it: a `BinaryValue` where binary is offered, else JSON."""
         space = self.description.action_space
         if self.description.binary_values:
-            return Segment(value_to_segment(space, action))
+            return BinaryValue(*value_to_tree(space, action))
         return value_to_json(space, action)
 
     def step_recovery(self, action: Any) -> StepRecovery:

@@ -95,7 +95,6 @@ from gym_sessions.value_messages import (
     BATCH_REPLY,
     BINARY_MEDIA_TYPE,
     Encoding,
-    Segment,
     SpaceValue,
     body_encoding,
     body_encoding_of,
@@ -158,9 +157,7 @@ def _encoded(result: dict[str, Any], encoding: Encoding) -> dict[str, Any]:
     observation = result.get("observation")
     if isinstance(observation, SpaceValue):
         result["observation"] = (
-            observation.to_json()
-            if encoding is Encoding.JSON
-            else Segment(observation.to_segment())
+            observation.to_json() if encoding is Encoding.JSON else observation.to_binary()
         )
     return result
 
@@ -178,7 +175,7 @@ def _error_result(error: HTTPError, worker: str | None) -> dict[str, Any]:
 def _parse(body: bytes, encoding: Encoding) -> list[dict[str, Any]]:
     """The batch's entries; raises for a body that is not a well-formed batch.
 
-    From a binary message, each entry's ``action`` is its `Segment`.
+    From a binary message, each entry's ``action`` is its `BinaryValue`.
     """
     if encoding is Encoding.BINARY:
         data: Any = decode_message(body, BATCH_BODY)

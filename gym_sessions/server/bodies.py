@@ -124,7 +124,7 @@ async def _raw_body(request: Request) -> bytes:
 async def read_value_body(request: Request, positions: ValuePositions) -> Any:
     """The request's body, JSON or a binary message by its ``Content-Type``.
 
-    A binary message comes back as its head, with a `Segment` for each space
+    A binary message comes back as its head, with a `BinaryValue` for each space
     value at ``positions`` (`decode_message`).
 
     Raises:

@@ -48,9 +48,9 @@ from gym_sessions.spaces import (
     space_to_json,
     value_from_json,
 )
-from gym_sessions.spaces.binary import value_from_segment
+from gym_sessions.spaces.binary import value_from_tree
 from gym_sessions.spaces.values import space_contains, to_jsonable
-from gym_sessions.value_messages import OFFER_FIELD, Segment, SpaceValue, binary_offer
+from gym_sessions.value_messages import OFFER_FIELD, BinaryValue, SpaceValue, binary_offer
 from gym_sessions.wire import EPISODE_LENGTH_HEADER, PYTHON_INT_FIELD
 
 __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
@@ -377,15 +377,16 @@ class GymEnvServer(ResourcesServer):
                 f" {state.episode_length}: it did not run (an earlier send of it ran first?)"
             )
         try:
-            if isinstance(encoded_action, Segment):
+            if isinstance(encoded_action, BinaryValue):
                 # One copy, so the env gets writable arrays (as from JSON, or locally).
-                action = value_from_segment(self.action_space, bytearray(encoded_action.data))
+                buffers = [memoryview(bytearray(buffer)) for buffer in encoded_action.buffers]
+                action = value_from_tree(self.action_space, encoded_action.tree, buffers)
             else:
                 action = value_from_json(self.action_space, encoded_action)
         except SpaceCodecError as exc:
             raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
         if not space_contains(self.action_space, action):
-            if isinstance(encoded_action, Segment):
+            if isinstance(encoded_action, BinaryValue):
                 raise InvalidRequestError(f"action {action!r:.200} is outside the action space")
             raise InvalidRequestError(f"action {encoded_action!r} is outside the action space")
         # Before the step: a step that raises may still have changed the env.

@@ -38,7 +38,7 @@ class Tool:
         arguments: The JSON object the tool takes.
         handler: ``await handler(request, arguments) -> result``; it uses the
             request's session through `session_id`.
-        carries_values: ``arguments["action"]`` may be a binary `Segment`, and
+        carries_values: ``arguments["action"]`` may be a `BinaryValue`, and
             ``result["observation"]`` a `SpaceValue` (see the module).
     """
 

@@ -28,6 +28,7 @@ copy (read-only views of ``bytes``).
 from __future__ import annotations
 
 import collections.abc
+import functools
 import json
 import math
 import operator
@@ -62,7 +63,16 @@ from gym_sessions.spaces.values import (
     _unstack,
 )
 
-__all__ = ["MAX_BLOBS", "frame", "unframe", "value_from_segment", "value_to_segment"]
+__all__ = [
+    "MAX_BLOBS",
+    "Buffer",
+    "frame",
+    "unframe",
+    "value_from_segment",
+    "value_from_tree",
+    "value_to_segment",
+    "value_to_tree",
+]
 
 #: Blobs one frame may hold (a message's segments, a segment's arrays).
 MAX_BLOBS = 65536
@@ -70,6 +80,16 @@ _MAX_NDIM = 32
 _ARRAY_SPACES = (Box, Discrete, MultiDiscrete, MultiBinary)
 _EDGE_LINK_DTYPE = np.dtype(np.int32)
 _U32 = struct.Struct("<II")
+_REF_KEYS = frozenset({"buffer", "dtype", "shape"})
+
+#: What a blob or an array's buffer may be.
+Buffer = bytes | bytearray | memoryview
+
+
+@functools.lru_cache(maxsize=64)
+def _lengths(count: int) -> struct.Struct:
+    """The blob table of ``count`` blobs (compiled once per count in use)."""
+    return struct.Struct(f"<{count}Q")
 
 
 def _pad(n: int) -> int:
@@ -80,7 +100,7 @@ def frame(head: bytes, blobs: collections.abc.Sequence[bytes | bytearray | memor
     """One frame of ``head`` (JSON bytes) and ``blobs`` (see the module)."""
     parts: list[bytes | bytearray | memoryview] = [
         _U32.pack(len(head), len(blobs)),
-        struct.pack(f"<{len(blobs)}Q", *(len(blob) for blob in blobs)),
+        _lengths(len(blobs)).pack(*(len(blob) for blob in blobs)),
         head,
     ]
     offset = 8 + 8 * len(blobs) + len(head)
@@ -104,11 +124,11 @@ def unframe(data: memoryview, what: str) -> tuple[Any, list[memoryview]]:
     table_end = 8 + 8 * count
     if table_end + head_len > size:
         raise SpaceCodecError(f"{what}: the frame is shorter than its head says")
-    lengths = struct.unpack_from(f"<{count}Q", data, 8)
+    lengths = _lengths(count).unpack_from(data, 8)
     try:
-        head = strict_json.loads(bytes(data[table_end : table_end + head_len]))
-    except ValueError as exc:
-        raise SpaceCodecError(f"{what}: head is not valid JSON: {exc}") from exc
+        head = strict_json.loads(str(data[table_end : table_end + head_len], "utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise SpaceCodecError(f"{what}: head is not valid UTF-8 JSON: {exc}") from exc
     offset = table_end + head_len
     blobs = []
     for length in lengths:
@@ -144,7 +164,7 @@ def _exact(arr: np.ndarray, dtype: np.dtype[Any], path: str) -> np.ndarray:
 
 class _Writer:
     def __init__(self) -> None:
-        self.buffers: list[bytes | memoryview] = []
+        self.buffers: list[bytes | bytearray | memoryview] = []
 
     def array(self, value: Any, dtype: np.dtype[Any], path: str) -> dict[str, Any]:
         arr = value if isinstance(value, np.ndarray) else np.asarray(value)
@@ -261,24 +281,26 @@ _ENCODERS: dict[type, Callable[[_Writer, Any, Any, str], Any]] = {
 
 
 class _Reader:
-    def __init__(self, buffers: list[memoryview]) -> None:
+    def __init__(self, buffers: collections.abc.Sequence[Buffer]) -> None:
         self.buffers = buffers
         # Each buffer backs one array: a buffer named twice would let a few
         # bytes stand for many arrays' worth of elements, which JSON cannot.
-        self.unused = set(range(len(buffers)))
+        self.named = bytearray(len(buffers))
+        self.unnamed = len(buffers)
 
     def array(
         self, ref: Any, dtype: np.dtype[Any], shape: tuple[int, ...] | None, path: str
     ) -> Any:
         """The array ``ref`` points at; ``shape`` None: any number of rows (given separately)."""
-        if not isinstance(ref, dict) or set(ref) != {"buffer", "dtype", "shape"}:
+        if type(ref) is not dict or ref.keys() != _REF_KEYS:
             raise SpaceCodecError(f"{path}: expected an array reference {{buffer, dtype, shape}}")
         index, declared, dims = ref["buffer"], ref["dtype"], ref["shape"]
         if type(index) is not int or not 0 <= index < len(self.buffers):
             raise SpaceCodecError(f"{path}: buffer {index!r:.20} does not exist")
-        if index not in self.unused:
+        if self.named[index]:
             raise SpaceCodecError(f"{path}: buffer {index} is named twice")
-        self.unused.discard(index)
+        self.named[index] = 1
+        self.unnamed -= 1
         if declared != dtype.str:
             raise SpaceCodecError(f"{path}: dtype {declared!r:.20} is not the space's {dtype.str}")
         if (
@@ -399,8 +421,11 @@ _DECODERS: dict[type, Callable[[_Reader, Any, Any, str], Any]] = {
 _TREE_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def value_to_segment(space: Space[Any], value: Any) -> bytes:
-    """Encode a value of ``space`` as one binary segment (see the module).
+def value_to_tree(space: Space[Any], value: Any) -> tuple[Any, list[Buffer]]:
+    """A value of ``space`` as its JSON tree and the raw buffers its array references name.
+
+    The parts of a segment before framing (see the module); the buffers are
+    views of the value's arrays where they are contiguous, not copies.
 
     Raises:
         SpaceCodecError: The value does not have the structure of ``space``.
@@ -412,10 +437,42 @@ def value_to_segment(space: Space[Any], value: Any) -> bytes:
         raise
     except WRAPPED_ERRORS as exc:
         raise SpaceCodecError(f"$: cannot encode value for {space!r:.80}: {exc!r}") from exc
-    return frame(_TREE_ENCODER.encode(tree).encode(), writer.buffers)
+    return tree, writer.buffers
 
 
-def value_from_segment(space: Space[Any], segment: bytes | bytearray | memoryview) -> Any:
+def value_from_tree(space: Space[Any], tree: Any, buffers: collections.abc.Sequence[Buffer]) -> Any:
+    """Decode a tree and its buffers (`value_to_tree`) into a value of ``space``.
+
+    Every buffer must back exactly one array of the value. Arrays are
+    ``np.frombuffer`` views of the buffers, no copy: read-only where a buffer
+    is, writable where it is writable (a view of a ``bytearray``).
+
+    Raises:
+        SpaceCodecError: The tree or a buffer does not fit ``space``.
+    """
+    try:
+        reader = _Reader(buffers)
+        value = reader.value(space, tree, "$")
+        if reader.unnamed:
+            raise SpaceCodecError(f"$: buffer {reader.named.index(0)} is not part of the value")
+        return value
+    except SpaceCodecError:
+        raise
+    except WRAPPED_ERRORS as exc:
+        raise SpaceCodecError(f"$: invalid value for {space!r:.80}: {exc!r}") from exc
+
+
+def value_to_segment(space: Space[Any], value: Any) -> bytes:
+    """Encode a value of ``space`` as one binary segment (see the module).
+
+    Raises:
+        SpaceCodecError: The value does not have the structure of ``space``.
+    """
+    tree, buffers = value_to_tree(space, value)
+    return frame(_TREE_ENCODER.encode(tree).encode(), buffers)
+
+
+def value_from_segment(space: Space[Any], segment: Buffer) -> Any:
     """Decode a segment into a value of ``space``, as `value_from_json` would return it.
 
     Arrays are views of ``segment``, no copy: read-only when ``segment`` is
@@ -425,14 +482,5 @@ def value_from_segment(space: Space[Any], segment: bytes | bytearray | memoryvie
         SpaceCodecError: The segment is malformed or does not fit ``space``.
     """
     view = segment if isinstance(segment, memoryview) else memoryview(segment)
-    try:
-        tree, buffers = unframe(view, "segment")
-        reader = _Reader(buffers)
-        value = reader.value(space, tree, "$")
-        if reader.unused:
-            raise SpaceCodecError(f"$: buffer {min(reader.unused)} is not part of the value")
-        return value
-    except SpaceCodecError:
-        raise
-    except WRAPPED_ERRORS as exc:
-        raise SpaceCodecError(f"$: invalid value for {space!r:.80}: {exc!r}") from exc
+    tree, buffers = unframe(view, "segment")
+    return value_from_tree(space, tree, buffers)
