@@ -1,12 +1,14 @@
-"""Values of spaces as binary segments: a small JSON tree plus the arrays' raw bytes.
+"""Values of spaces in binary: a small JSON tree plus the arrays' raw bytes.
 
-The binary wire encoding (docs/design.md §3.15) carries each space value as one
-*segment*. A segment is a `frame` of a JSON *tree* and the raw buffers of the
-value's arrays. The tree mirrors the value as `gym_sessions.spaces.values`
-writes it in JSON, except that every array (a Box, MultiBinary or MultiDiscrete
-value, a stacked Sequence of array features, Graph nodes, edges and edge links)
-is a reference ``{"buffer": i, "dtype": "<f4", "shape": [84, 84]}`` to buffer
-``i`` of the segment. Discrete values stay JSON integers, Text values strings.
+A value's binary form (docs/design.md §3.15) is its *tree* and its *buffers*
+(`value_to_tree`). The tree mirrors the value as `gym_sessions.spaces.values`
+writes it in JSON, except that every array (a Box, MultiBinary or
+MultiDiscrete value, a stacked Sequence of array features, Graph nodes, edges
+and edge links) is a reference ``{"buffer": i, "dtype": "<f4", "shape": [84,
+84]}`` to buffer ``i``. Discrete values stay JSON integers, Text values
+strings. On the wire the trees sit in a message's head and the buffers are its
+blobs (`gym_sessions.value_messages`); a *segment* (`value_to_segment`) frames
+one value alone, its tree as the head.
 
 A frame (the same layout for a segment and for a whole message)::
 
@@ -19,10 +21,10 @@ A frame (the same layout for a segment and for a whole message)::
 
 Decoding checks everything against the space: the declared dtype must be the
 space's dtype (``numpy.dtype.str``, so the byte order is explicit), the shape
-the space's shape (a stacked value: any number of rows of it), and the buffer
-exactly ``prod(shape) * itemsize`` bytes, and every buffer backs exactly one
-array. Arrays come back as ``np.frombuffer`` views of the received bytes: no
-copy (read-only views of ``bytes``).
+the space's shape (a stacked value: any number of rows of it), the buffer
+exactly ``prod(shape) * itemsize`` bytes (bool bytes 0 or 1), and every buffer
+backs exactly one array. Arrays come back as ``np.frombuffer`` views of the
+received bytes: no copy (read-only views of ``bytes``).
 """
 
 from __future__ import annotations
@@ -318,6 +320,8 @@ class _Reader:
                 f"{path}: shape {got} of {dtype.str} needs {math.prod(got) * dtype.itemsize}"
                 f" bytes, the buffer holds {len(buffer)}"
             )
+        if dtype.kind == "b" and len(buffer) and np.frombuffer(buffer, np.uint8).max() > 1:
+            raise SpaceCodecError(f"{path}: a bool array holds a byte other than 0 or 1")
         return np.frombuffer(buffer, dtype=dtype).reshape(got)
 
     def value(self, space: Space[Any], data: Any, path: str) -> Any:
