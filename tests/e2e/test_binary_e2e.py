@@ -18,6 +18,13 @@ import numpy as np
 import pytest
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
+from gym_sessions.client.exchange import HTTPClientBase, Reply
+from gym_sessions.client.protocol import (
+    EnvDescription,
+    RemoteEnvProtocol,
+    batch_request,
+    batch_results,
+)
 from gym_sessions.client.remote_env import RemoteEnv
 from gym_sessions.value_messages import BINARY_ACCEPT, BINARY_MEDIA_TYPE
 from tests.e2e.pixel_envs import FRAME_SHAPE, PixelEnv
@@ -101,3 +108,44 @@ def test_curl_gets_json_and_a_binary_client_gets_binary_from_one_server(serve):
     )
     assert status == 400 and headers["content-type"] == "application/json"
     assert json.loads(body)["error"]["code"] == "invalid_binary"
+
+
+def test_a_binary_batch_across_workers_is_bit_exact(serve):
+    """Entries held by several workers: the accepting one sends each holder its binary
+    sub-batch (or hands the connection over) and merges their binary results."""
+    server = serve(PIXELS, workers=4)
+    parts = urlsplit(server.url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.request("GET", "/spaces")
+    description = EnvDescription.from_json(json.loads(connection.getresponse().read()))
+    connection.close()
+    protocol = RemoteEnvProtocol(description)
+    cookies, locals_ = [], []
+    for seed in range(8):  # a new connection each: the sessions land on any worker
+        status, headers, _ = post(server.url, "/reset", json.dumps({"seed": seed}).encode(), {})
+        assert status == 200
+        cookies.append(headers["set-cookie"].split(";", 1)[0].partition("=")[2])
+        locals_.append(PixelEnv())
+        locals_[-1].reset(seed=seed)
+    workers: set[str] = set()
+    rng = np.random.default_rng(1)
+    for length in range(3):
+        actions = rng.integers(0, 6, size=8).tolist()
+        entries = [
+            {"cookie": c, "action": protocol.encode_action(a), "episode_length": length}
+            for c, a in zip(cookies, actions, strict=True)
+        ]
+        exchange = HTTPClientBase(server.url).exchange(batch_request("/step_batch", entries))
+        status, headers, body = post(server.url, "/step_batch", exchange.payload, exchange.headers)
+        assert status == 200 and headers["content-type"] == BINARY_MEDIA_TYPE
+        results = batch_results(Reply(200, {"content-type": BINARY_MEDIA_TYPE}, body))
+        for env, action, result in zip(locals_, actions, results, strict=True):
+            observation, reward, terminated, truncated, _ = env.step(action)
+            np.testing.assert_array_equal(protocol.step_result(result)[0], observation)
+            assert (result["reward"], result["terminated"], result["truncated"]) == (
+                reward,
+                terminated,
+                truncated,
+            )
+            workers.add(result["worker"])
+    assert len(workers) >= 2  # the batch crossed workers
