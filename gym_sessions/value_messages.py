@@ -284,20 +284,24 @@ def encode_message(head: Mapping[str, Any], positions: ValuePositions) -> bytes:
         ValueError: a field is not JSON (NaN, say).
     """
     blobs: list[Buffer] = []
-    out = dict(head)
     name = positions.field
+    out: Mapping[str, Any] = head
     if positions.within is None:
-        if name in out:
-            out[name] = _encoded(out[name], blobs)
+        value = head.get(name)
+        if isinstance(value, SpaceValue | BinaryValue):
+            out = {**head, name: _encoded(value, blobs)}
     else:
-        items = out.get(positions.within)
+        items = head.get(positions.within)
         if isinstance(items, list):
-            out[positions.within] = [
-                {**item, name: _encoded(item[name], blobs)}
-                if isinstance(item, dict) and name in item
-                else item
-                for item in items
-            ]
+            out = {
+                **head,
+                positions.within: [
+                    {**item, name: _encoded(item[name], blobs)}
+                    if isinstance(item, dict) and name in item
+                    else item
+                    for item in items
+                ],
+            }
     return frame(_HEAD_ENCODER.encode(out).encode(), blobs)
 
 

@@ -7,7 +7,10 @@ makes the session's env with that mode), ``/step`` is the tool call,
 ``/render`` replies the session's frame as raw bytes
 (`gym_sessions.frames`), ``/verify`` scores the episode (the env's own
 ``verify()`` when it has one, else the episode return) and ``/close_session``
-calls ``env.close()`` once.
+calls ``env.close()`` once. Observations and actions travel as JSON, or as
+binary messages to a client that asks (``GET /spaces`` offers them;
+`gym_sessions.value_messages`): the adapter keeps an observation as the
+native value (`SpaceValue`) and each reply encodes it as its request asked.
 
 With durable sessions a session is captured (`env_capture_method`) by the
 env's own ``get_state()`` / ``set_state(state)`` when the env the factory

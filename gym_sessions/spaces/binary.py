@@ -94,24 +94,27 @@ def _lengths(count: int) -> struct.Struct:
     return struct.Struct(f"<{count}Q")
 
 
-def _pad(n: int) -> int:
-    return -n % 8
+_ZEROS = [b"\0" * n for n in range(8)]
 
 
 def frame(head: bytes, blobs: collections.abc.Sequence[bytes | bytearray | memoryview]) -> bytes:
     """One frame of ``head`` (JSON bytes) and ``blobs`` (see the module)."""
+    count = len(blobs)
+    if not count:
+        return _U32.pack(len(head), 0) + head
+    lengths = [len(blob) for blob in blobs]
     parts: list[bytes | bytearray | memoryview] = [
-        _U32.pack(len(head), len(blobs)),
-        _lengths(len(blobs)).pack(*(len(blob) for blob in blobs)),
+        _U32.pack(len(head), count),
+        _lengths(count).pack(*lengths),
         head,
     ]
-    offset = 8 + 8 * len(blobs) + len(head)
-    for blob in blobs:
-        pad = _pad(offset)
+    offset = 8 + 8 * count + len(head)
+    for blob, length in zip(blobs, lengths, strict=True):
+        pad = -offset & 7
         if pad:
-            parts.append(b"\0" * pad)
+            parts.append(_ZEROS[pad])
         parts.append(blob)
-        offset += pad + len(blob)
+        offset += pad + length
     return b"".join(parts)
 
 
@@ -124,21 +127,22 @@ def unframe(data: memoryview, what: str) -> tuple[Any, list[memoryview]]:
     if count > MAX_BLOBS:
         raise SpaceCodecError(f"{what}: {count} blobs, at most {MAX_BLOBS}")
     table_end = 8 + 8 * count
-    if table_end + head_len > size:
+    offset = table_end + head_len
+    if offset > size:
         raise SpaceCodecError(f"{what}: the frame is shorter than its head says")
-    lengths = _lengths(count).unpack_from(data, 8)
     try:
-        head = strict_json.loads(str(data[table_end : table_end + head_len], "utf-8"))
+        head = strict_json.loads(str(data[table_end:offset], "utf-8"))
     except ValueError as exc:  # UnicodeDecodeError included
         raise SpaceCodecError(f"{what}: head is not valid UTF-8 JSON: {exc}") from exc
-    offset = table_end + head_len
     blobs = []
-    for length in lengths:
-        offset += _pad(offset)
-        if offset + length > size:
-            raise SpaceCodecError(f"{what}: the frame is shorter than its blob table says")
-        blobs.append(data[offset : offset + length])
-        offset += length
+    if count:
+        for length in _lengths(count).unpack_from(data, 8):
+            offset += -offset & 7
+            end = offset + length
+            if end > size:
+                raise SpaceCodecError(f"{what}: the frame is shorter than its blob table says")
+            blobs.append(data[offset:end])
+            offset = end
     if offset != size:
         raise SpaceCodecError(f"{what}: {size - offset} bytes after the last blob")
     return head, blobs
