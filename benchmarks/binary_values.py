@@ -85,15 +85,24 @@ def as_json_client(env: RemoteEnv) -> RemoteEnv:
 
 
 class Stepper:
-    """One class: an env (remote or local) stepped with seeded random actions."""
+    """One class: an env (remote or local) stepped with seeded random actions.
 
-    def __init__(self, env: Any, seed: int) -> None:
+    With ``server_pid``, also the CPU its steps cost (warm-up included): this
+    thread's and the server process tree's (``/proc``, 10 ms ticks: summed
+    over all rounds).
+    """
+
+    def __init__(self, env: Any, seed: int, server_pid: int | None = None) -> None:
         self.env = env
         self.rng = np.random.default_rng(seed)
         self.env.reset(seed=seed)
         self.n = int(env.action_space.n)
+        self.server_pid = server_pid
+        self.steps = 0
+        self.client_cpu = self.server_cpu = 0.0
 
-    def batch(self, _round: int, calls: int, into: list[float]) -> None:
+    def batch(self, calls: int, into: list[float]) -> None:
+        client, server = time.thread_time(), self._server_cpu()
         for _ in range(calls):
             action = int(self.rng.integers(self.n))
             started = time.perf_counter()
@@ -101,17 +110,31 @@ class Stepper:
             into.append(time.perf_counter() - started)
             if terminated or truncated:
                 self.env.reset()
+        self.steps += calls
+        self.client_cpu += time.thread_time() - client
+        self.server_cpu += self._server_cpu() - server
+
+    def _server_cpu(self) -> float:
+        return 0.0 if self.server_pid is None else _common.tree_cpu_seconds(self.server_pid)
 
 
 def http_run(args: argparse.Namespace) -> dict[str, Any]:
     names = [name for name in TARGETS if name != "pong" or not args.no_pong]
-    servers = {name: start_server(TARGETS[name], workers=1) for name in names}
+    # A server per remote class, so that each one's CPU per step is its own.
+    servers = {
+        f"{name} {encoding}": start_server(TARGETS[name], workers=1)
+        for name in names
+        for encoding in ("binary", "JSON")
+    }
     try:
         steppers: dict[str, Stepper] = {}
         for i, name in enumerate(names):
-            url = servers[name].url
-            steppers[f"{name} binary"] = Stepper(RemoteEnv(url), 10 + i)
-            steppers[f"{name} JSON"] = Stepper(as_json_client(RemoteEnv(url)), 20 + i)
+            for encoding, seed in (("binary", 10), ("JSON", 20)):
+                server = servers[f"{name} {encoding}"]
+                env = RemoteEnv(server.url)
+                if encoding == "JSON":
+                    as_json_client(env)
+                steppers[f"{name} {encoding}"] = Stepper(env, seed + i, server.process.pid)
             steppers[f"{name} local"] = Stepper(local_env(name), 30 + i)
         for key, stepper in steppers.items():
             if key.endswith("binary"):
@@ -122,7 +145,8 @@ def http_run(args: argparse.Namespace) -> dict[str, Any]:
             slow = key.startswith(("pong JSON", "pixels JSON"))
 
             def run(r: int, calls: int, into: list[float]) -> None:
-                stepper.batch(r, max(3, int(calls * SLOW_SHARE)) if slow else calls, into)
+                calls = max(3, int(calls * SLOW_SHARE)) if slow else calls
+                stepper.batch(calls, into)
 
             return run
 
@@ -137,7 +161,16 @@ def http_run(args: argparse.Namespace) -> dict[str, Any]:
         for server in servers.values():
             server.stop()
     p50s = {key: [_common.percentile(r, 50) for r in rounds] for key, rounds in per_round.items()}
+    cpu = {
+        key: {
+            "client_us": stepper.client_cpu / stepper.steps * 1e6,
+            "server_us": stepper.server_cpu / stepper.steps * 1e6,
+        }
+        for key, stepper in steppers.items()
+        if stepper.server_pid is not None and stepper.steps
+    }
     return {
+        "cpu_per_step": cpu,
         "p50_ms": {key: statistics.median(v) * 1e3 for key, v in p50s.items()},
         "p99_ms": {
             key: statistics.median(_common.percentile(r, 99) for r in rounds) * 1e3
@@ -339,9 +372,20 @@ def main() -> None:
         results["http"] = http_run(args)
         p50 = results["http"]["p50_ms"]
         p99 = results["http"]["p99_ms"]
+        cpu = results["http"]["cpu_per_step"]
         print(
             _common.markdown_table(
-                ["class", "p50 ms", "p99 ms"], [(k, f"{p50[k]:.3f}", f"{p99[k]:.3f}") for k in p50]
+                ["class", "p50 ms", "p99 ms", "client CPU us/step", "server CPU us/step"],
+                [
+                    (
+                        k,
+                        f"{p50[k]:.3f}",
+                        f"{p99[k]:.3f}",
+                        f"{cpu[k]['client_us']:.0f}" if k in cpu else "",
+                        f"{cpu[k]['server_us']:.0f}" if k in cpu else "",
+                    )
+                    for k in p50
+                ],
             )
         )
         found = ratios(results["http"]["per_round_p50_s"])

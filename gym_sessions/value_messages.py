@@ -264,6 +264,9 @@ def _holders(head: Mapping[str, Any], positions: ValuePositions) -> list[Any]:
     return items if isinstance(items, list) else []
 
 
+_VALUES = (SpaceValue, BinaryValue)
+
+
 def _encoded(value: Any, blobs: list[Buffer]) -> Any:
     if isinstance(value, SpaceValue):
         value = value.to_binary()
@@ -288,7 +291,7 @@ def encode_message(head: Mapping[str, Any], positions: ValuePositions) -> bytes:
     out: Mapping[str, Any] = head
     if positions.within is None:
         value = head.get(name)
-        if isinstance(value, SpaceValue | BinaryValue):
+        if isinstance(value, _VALUES):
             out = {**head, name: _encoded(value, blobs)}
     else:
         items = head.get(positions.within)
@@ -347,8 +350,15 @@ def decode_message(data: Buffer, positions: ValuePositions) -> dict[str, Any]:
     count = len(blobs)
     named = bytearray(count)  # 1 once a value names the blob
     name = positions.field
-
-    def take(holder: dict[str, Any], where: str) -> None:
+    if positions.within is None:
+        holders: list[tuple[Any, str]] = [(head, name)] if name in head else []
+    else:
+        holders = [
+            (item, f"{positions.within}[{i}].{name}")
+            for i, item in enumerate(_holders(head, positions))
+            if isinstance(item, dict) and name in item
+        ]
+    for holder, where in holders:
         value = holder[name]
         if type(value) is not dict or len(value) != 2 or "tree" not in value:
             raise InvalidBinaryError(f'{where} must be a value object {{"tree", "buffers"}}')
@@ -362,14 +372,6 @@ def decode_message(data: Buffer, positions: ValuePositions) -> dict[str, Any]:
                 )
             named[index] = 1
         holder[name] = BinaryValue(value["tree"], [blobs[index] for index in indices])
-
-    if positions.within is None:
-        if name in head:
-            take(head, name)
-    else:
-        for i, item in enumerate(_holders(head, positions)):
-            if isinstance(item, dict) and name in item:
-                take(item, f"{positions.within}[{i}].{name}")
     if count and not all(named):
         raise InvalidBinaryError(
             f"blob {named.index(0)} belongs to no value at {positions.describe()}"

@@ -71,12 +71,14 @@ _FRAMING_HEADERS = frozenset(
 )
 
 
-@dataclass(frozen=True)
 class EncodedBody:
     """A request body sent as it is: its bytes and their ``Content-Type`` (a binary message)."""
 
-    data: bytes
-    content_type: str
+    __slots__ = ("content_type", "data")
+
+    def __init__(self, data: bytes, content_type: str) -> None:
+        self.data = data
+        self.content_type = content_type
 
 
 @dataclass(frozen=True)

@@ -147,11 +147,11 @@ def step_request(action: Any, episode_length: int) -> Request:
     steps before it, as the client counts them): a resend after a lost reply
     cannot run the step twice.
     """
-    headers = {EPISODE_LENGTH_HEADER: str(episode_length)}
+    length = str(episode_length)
     if isinstance(action, BinaryValue):
         body = EncodedBody(encode_message({"action": action}, STEP_BODY), BINARY_MEDIA_TYPE)
-        return Request("POST", "/step", body, {**headers, **_BINARY_REPLIES})
-    return Request("POST", "/step", {"action": action}, headers)
+        return Request("POST", "/step", body, {EPISODE_LENGTH_HEADER: length, **_BINARY_REPLIES})
+    return Request("POST", "/step", {"action": action}, {EPISODE_LENGTH_HEADER: length})
 
 
 def batch_request(path: str, entries: list[dict[str, Any]]) -> Request:
