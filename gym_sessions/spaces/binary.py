@@ -286,6 +286,11 @@ _ENCODERS: dict[type, Callable[[_Writer, Any, Any, str], Any]] = {
 # Decoding -------------------------------------------------------------------------------------
 
 
+def _is_shape(dims: tuple[Any, ...]) -> bool:
+    """Whether ``dims`` can be a numpy shape: at most 32 ints >= 0 (no bools)."""
+    return len(dims) <= _MAX_NDIM and all(type(d) is int and d >= 0 for d in dims)
+
+
 class _Reader:
     def __init__(self, buffers: collections.abc.Sequence[Buffer]) -> None:
         self.buffers = buffers
@@ -309,13 +314,9 @@ class _Reader:
         self.unnamed -= 1
         if declared != dtype.str:
             raise SpaceCodecError(f"{path}: dtype {declared!r:.20} is not the space's {dtype.str}")
-        if (
-            not isinstance(dims, list)
-            or len(dims) > _MAX_NDIM
-            or not all(type(d) is int and d >= 0 for d in dims)
-        ):
+        got = tuple(dims) if type(dims) is list else None
+        if got is None or not _is_shape(got):
             raise SpaceCodecError(f"{path}: shape must be a list of non-negative integers")
-        got = tuple(dims)
         if shape is not None and got != shape:
             raise SpaceCodecError(f"{path}: expected shape {shape}, got {got}")
         buffer = self.buffers[index]
