@@ -347,33 +347,34 @@ def decode_message(data: Buffer, positions: ValuePositions) -> dict[str, Any]:
         raise InvalidBinaryError(f"the body is not a binary message: {exc}") from exc
     if not isinstance(head, dict):
         raise InvalidBinaryError("the head of a binary message must be a JSON object")
-    count = len(blobs)
-    named = bytearray(count)  # 1 once a value names the blob
+    named = bytearray(len(blobs))  # 1 once a value names the blob
     name = positions.field
     if positions.within is None:
-        holders: list[tuple[Any, str]] = [(head, name)] if name in head else []
+        if name in head:
+            head[name] = _take(head[name], blobs, named, name)
     else:
-        holders = [
-            (item, f"{positions.within}[{i}].{name}")
-            for i, item in enumerate(_holders(head, positions))
-            if isinstance(item, dict) and name in item
-        ]
-    for holder, where in holders:
-        value = holder[name]
-        if type(value) is not dict or len(value) != 2 or "tree" not in value:
-            raise InvalidBinaryError(f'{where} must be a value object {{"tree", "buffers"}}')
-        indices = value.get("buffers")
-        if type(indices) is not list:
-            raise InvalidBinaryError(f"{where}.buffers must be a list of blob numbers")
-        for index in indices:
-            if type(index) is not int or not 0 <= index < count or named[index]:
-                raise InvalidBinaryError(
-                    f"{where}.buffers: blob {index!r:.20} does not exist or is named twice"
-                )
-            named[index] = 1
-        holder[name] = BinaryValue(value["tree"], [blobs[index] for index in indices])
-    if count and not all(named):
+        for i, item in enumerate(_holders(head, positions)):
+            if isinstance(item, dict) and name in item:
+                item[name] = _take(item[name], blobs, named, f"{positions.within}[{i}].{name}")
+    if blobs and not all(named):
         raise InvalidBinaryError(
             f"blob {named.index(0)} belongs to no value at {positions.describe()}"
         )
     return head
+
+
+def _take(value: Any, blobs: list[memoryview], named: bytearray, where: str) -> BinaryValue:
+    """The `BinaryValue` a value object names; its blobs are marked as named."""
+    if type(value) is not dict or len(value) != 2 or "tree" not in value:
+        raise InvalidBinaryError(f'{where} must be a value object {{"tree", "buffers"}}')
+    indices = value.get("buffers")
+    if type(indices) is not list:
+        raise InvalidBinaryError(f"{where}.buffers must be a list of blob numbers")
+    count = len(blobs)
+    for index in indices:
+        if type(index) is not int or not 0 <= index < count or named[index]:
+            raise InvalidBinaryError(
+                f"{where}.buffers: blob {index!r:.20} does not exist or is named twice"
+            )
+        named[index] = 1
+    return BinaryValue(value["tree"], [blobs[index] for index in indices])
