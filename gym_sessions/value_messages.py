@@ -81,7 +81,6 @@ BINARY_ACCEPT = f"{BINARY_MEDIA_TYPE}, application/json; q=0.5"
 #: The ``GET /spaces`` field that offers the encoding.
 OFFER_FIELD = "binary_values"
 
-_BINARY_TYPE_BYTES = BINARY_TYPE.encode()
 _HEAD_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
@@ -132,13 +131,10 @@ def body_encoding(content_type: str | bytes | None) -> Encoding:
     Raises:
         UnsupportedMediaTypeError: the binary type without ``v=1``.
     """
-    if content_type is None or (
-        _BINARY_TYPE_BYTES not in content_type
-        if isinstance(content_type, bytes)
-        else BINARY_TYPE not in content_type.lower()
-    ):
+    text = _text(content_type)
+    if text is None or BINARY_TYPE not in text.lower():
         return Encoding.JSON
-    kind, params = _media_type(_text(content_type) or "")
+    kind, params = _media_type(text)
     if kind != BINARY_TYPE:
         return Encoding.JSON
     if params.get("v") != str(BINARY_VERSION):
@@ -152,13 +148,10 @@ def body_encoding(content_type: str | bytes | None) -> Encoding:
 @functools.lru_cache(maxsize=64)
 def reply_encoding(accept: str | bytes | None) -> Encoding:
     """The encoding of a reply by the request's ``Accept``: binary if it lists ``v=1`` (q > 0)."""
-    if accept is None or (
-        _BINARY_TYPE_BYTES not in accept
-        if isinstance(accept, bytes)
-        else BINARY_TYPE not in accept.lower()
-    ):
+    text = _text(accept)
+    if text is None or BINARY_TYPE not in text.lower():
         return Encoding.JSON
-    for item in (_text(accept) or "").split(","):
+    for item in text.split(","):
         kind, params = _media_type(item)
         if kind == BINARY_TYPE and params.get("v") == str(BINARY_VERSION):
             try:

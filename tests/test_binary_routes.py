@@ -575,6 +575,17 @@ async def test_bad_binary_steps_get_a_json_error_and_change_nothing(box_app, nam
     assert served.received[-1].flags.writeable  # the env may write into its action
 
 
+async def test_media_types_are_case_insensitive(box_app):
+    cookie, _ = await start_box_session(box_app)
+    headers = [
+        (b"cookie", cookie),
+        (b"content-type", b"Application/Vnd.Gym-Sessions.Values ;V=1"),
+        (b"accept", b"APPLICATION/VND.GYM-SESSIONS.VALUES; v=1"),
+    ]
+    reply = await asgi_request(box_app, "POST", "/step", GOOD_MESSAGE, headers)
+    assert reply.status == 200 and reply.headers[b"content-type"] == BINARY_TYPE
+
+
 @pytest.mark.parametrize(
     "path", ["/reset", "/seed_session", "/verify", "/close_session", "/render"]
 )
