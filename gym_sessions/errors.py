@@ -262,6 +262,8 @@ class TooManyRequestsError(HTTPError):
     """A proxy or rate limiter in front of the server refused the request for now."""
 
     status, code = 429, "too_many_requests"
+
+
 class UnsupportedMediaTypeError(HTTPError):
     """A body in an encoding the route does not take (binary on a JSON route, another version)."""
 
