@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	@# torch first, pinned: the sb3 extra's bare torch>=2.3 would otherwise let pip
 	@# fetch the newest torch, a multi-GB CUDA build; 2.13.0 is the CPU build on disk.
 	$(BIN)/python -m pip install "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -e ".[dev,sb3,trl,docs]"
+	$(BIN)/python -m pip install -e ".[dev,sb3,trl,docs,atari]"
 	@touch "$@"
 
 demo: venv

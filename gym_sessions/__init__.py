@@ -43,6 +43,7 @@ from gym_sessions.errors import (
     HeadersTooLargeError,
     HTTPError,
     InternalServerError,
+    InvalidBinaryError,
     InvalidJSONError,
     InvalidRequestError,
     InvalidSessionIdError,
@@ -66,6 +67,7 @@ from gym_sessions.errors import (
     StepOutOfOrderError,
     ToolError,
     TooManyRequestsError,
+    UnsupportedMediaTypeError,
 )
 
 try:
@@ -90,6 +92,7 @@ __all__ = [
     "HTTPError",
     "HeadersTooLargeError",
     "InternalServerError",
+    "InvalidBinaryError",
     "InvalidJSONError",
     "InvalidRequestError",
     "InvalidSessionIdError",
@@ -115,6 +118,7 @@ __all__ = [
     "StepOutOfOrderError",
     "TooManyRequestsError",
     "ToolError",
+    "UnsupportedMediaTypeError",
     "__version__",
     "register_envs",
     "run_episodes",

@@ -12,6 +12,7 @@
      └── HTTPError                  an error with a status and a JSON body
           ├── InvalidRequestError       400 invalid_request
           │    ├── InvalidJSONError     400 invalid_json
+          │    ├── InvalidBinaryError   400 invalid_binary
           │    ├── InvalidSessionIdError 400 invalid_session_id
           │    └── ForbiddenTargetError 400 forbidden_target
           ├── InvalidTokenError         401 invalid_token
@@ -26,6 +27,7 @@
           │    └── SessionExpiredError  410 session_expired
           ├── RequestTimeoutError       408 request_timeout
           ├── BodyTooLargeError         413 body_too_large
+          ├── UnsupportedMediaTypeError 415 unsupported_media_type
           ├── TooManyRequestsError      429 too_many_requests
           ├── HeadersTooLargeError      431 headers_too_large
           ├── EnvError                  500 env_error
@@ -70,6 +72,7 @@ __all__ = [
     "HTTPError",
     "HeadersTooLargeError",
     "InternalServerError",
+    "InvalidBinaryError",
     "InvalidJSONError",
     "InvalidRequestError",
     "InvalidSessionIdError",
@@ -93,6 +96,7 @@ __all__ = [
     "StepOutOfOrderError",
     "TooManyRequestsError",
     "ToolError",
+    "UnsupportedMediaTypeError",
     "error_body",
     "error_from_body",
     "error_headers",
@@ -179,6 +183,12 @@ class InvalidJSONError(InvalidRequestError):
     status, code = 400, "invalid_json"
 
 
+class InvalidBinaryError(InvalidRequestError):
+    """A body in the binary values encoding is not a well-formed message (docs/design.md §3.15)."""
+
+    status, code = 400, "invalid_binary"
+
+
 class InvalidSessionIdError(InvalidRequestError):
     status, code = 400, "invalid_session_id"
 
@@ -252,6 +262,12 @@ class TooManyRequestsError(HTTPError):
     """A proxy or rate limiter in front of the server refused the request for now."""
 
     status, code = 429, "too_many_requests"
+
+
+class UnsupportedMediaTypeError(HTTPError):
+    """A body in an encoding the route does not take (binary on a JSON route, another version)."""
+
+    status, code = 415, "unsupported_media_type"
 
 
 class HeadersTooLargeError(HTTPError):

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["loads"]
+__all__ = ["loads", "reject_constant"]
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
+    """A decoder's ``parse_constant``: NaN and Infinity literals are not JSON."""
     raise ValueError(f"{name} is not valid JSON")
 
 
 # Made once: ``json.loads`` with any option builds a new decoder (and scanner) per call.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=reject_constant)
 
 
 def loads(raw: bytes | str) -> Any:

@@ -125,6 +125,13 @@ MALFORMED: dict[str, tuple[Space[Any], bytes]] = {
         Sequence(BOX, stack=True),
         segment({"buffer": 0, "dtype": "<f4", "shape": [10**15, 2]}, GOOD),
     ),
+    "buffer-named-twice": (Tuple((BOX, BOX)), segment([REF, REF], GOOD)),
+    "buffer-of-no-array": (BOX, segment(REF, GOOD, GOOD)),
+    "head-not-utf8": (BOX, frame(b'"\xff"', [])),
+    "bool-byte-2": (
+        Box(0, 1, (2,), np.bool_),
+        segment({"buffer": 0, "dtype": "|b1", "shape": [2]}, b"\x01\x02"),
+    ),
     "dict-keys": (Dict(a=BOX), segment({"b": REF}, GOOD)),
     "tuple-length": (Tuple((BOX, BOX)), segment([REF], GOOD)),
     "discrete-float": (Discrete(3), segment(1.0)),

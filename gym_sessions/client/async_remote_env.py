@@ -15,11 +15,12 @@ from gymnasium.utils import seeding
 
 from gym_sessions.client import lifecycle, sigterm
 from gym_sessions.client.async_http import AsyncHTTPClient
-from gym_sessions.client.exchange import Request
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
     EnvDescription,
     RemoteEnvProtocol,
+    batch_request,
+    batch_results,
 )
 from gym_sessions.client.tls import CertOption, VerifyOption, tls_context
 from gym_sessions.errors import (
@@ -29,7 +30,6 @@ from gym_sessions.errors import (
     SessionGoneError,
     error_from_body,
 )
-from gym_sessions.spaces import value_to_json
 from gym_sessions.wire import START_BESIDE_HEADER
 
 __all__ = ["AsyncRemoteEnv"]
@@ -224,15 +224,14 @@ class AsyncRemoteEnv:
             return None
         return {
             "cookie": cookie,
-            "action": value_to_json(self.action_space, action),
+            "action": self.protocol.encode_action(action),
             # As a /step's x-gym-episode-length: a late first send never runs twice.
             "episode_length": self.protocol.episode_length,
         }
 
     async def send_batch(self, path: str, entries: list[dict[str, Any]]) -> list[Any]:
         """Send a step batch over this env's connection; returns its per-entry results."""
-        request = Request("POST", path, {"entries": entries}, sends_cookie=False)
-        results = (await self._http.send(request)).json()["results"]
+        results = batch_results(await self._http.send(batch_request(path, entries)))
         if not isinstance(results, list):
             raise InternalServerError("a step batch reply must hold a list of results")
         return results

@@ -7,9 +7,10 @@ the agent's env sessions use it too). Each shell turns its library's errors
 into a `TransportFailure` and leaves every decision to an `Exchange`, so the
 rules below are written once:
 
-- the bytes (`HTTPClientBase.exchange`): the JSON body (strict: no NaN), the
-  caller's extra headers, the session cookie in one ``Cookie`` header with the
-  caller's cookies, and no cookie on a session's first start (`Request.new_session`);
+- the bytes (`HTTPClientBase.exchange`): the JSON body (strict: no NaN) or an
+  `EncodedBody` as it is (a binary message), the caller's extra headers, the
+  session cookie in one ``Cookie`` header with the caller's cookies, and no
+  cookie on a session's first start (`Request.new_session`);
 - a reply (`Exchange.replied`): the session cookie it sets is kept, and an
   error status raises the class of `gym_sessions.errors` that the server
   raised (`error_from_body`: by the body's code, else by the status, with a
@@ -54,12 +55,30 @@ from gym_sessions.errors import (
 )
 from gym_sessions.wire import SESSION_COOKIE
 
-__all__ = ["Exchange", "Failure", "HTTPClientBase", "Reply", "Request", "TransportFailure"]
+__all__ = [
+    "EncodedBody",
+    "Exchange",
+    "Failure",
+    "HTTPClientBase",
+    "Reply",
+    "Request",
+    "TransportFailure",
+]
 
 #: Headers only the client sets: a caller's value would break the request's framing.
 _FRAMING_HEADERS = frozenset(
     {"connection", "content-length", "content-type", "host", "transfer-encoding"}
 )
+
+
+class EncodedBody:
+    """A request body sent as it is: its bytes and their ``Content-Type`` (a binary message)."""
+
+    __slots__ = ("content_type", "data")
+
+    def __init__(self, data: bytes, content_type: str) -> None:
+        self.data = data
+        self.content_type = content_type
 
 
 @dataclass(frozen=True)
@@ -69,7 +88,7 @@ class Request:
     Attributes:
         method: ``GET`` or ``POST``.
         path: Route path (the client adds its URL's prefix).
-        body: JSON body; ``None`` sends none.
+        body: JSON body, or an `EncodedBody`; ``None`` sends none.
         headers: Extra headers.
         resendable: Safe to send again when its reply is lost (see
             `gym_sessions.client.protocol`).
@@ -211,7 +230,10 @@ class HTTPClientBase:
         if not any(name.lower() == "accept" for name in headers):
             headers["Accept"] = "application/json"
         payload = b""
-        if request.body is not None:
+        if isinstance(request.body, EncodedBody):
+            payload = request.body.data
+            headers["Content-Type"] = request.body.content_type
+        elif request.body is not None:
             payload = json.dumps(request.body, allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
         cookies = [value for name, value in self.headers.items() if name.lower() == "cookie"]

@@ -22,6 +22,13 @@ Which requests may be sent again after a lost reply (`Request.resendable`):
   `ConnectionLostError` says the step ran and its reply is lost
   (`gym_sessions.client.step_recovery`).
 
+Observations and actions travel in the binary encoding whenever ``GET /spaces``
+offers it (`gym_sessions.value_messages`; docs/design.md §3.15), JSON
+otherwise (an older server): the client asks for binary replies in ``Accept``
+and sends binary step bodies; it reads each reply by its own ``Content-Type``.
+Arrays of a binary reply are decoded from one copy of its body, so they are
+writable as a local env's are.
+
 A session is closed at most once (`claim_close`), whether by ``close()`` or by
 the close at garbage collection or exit (`gym_sessions.client.lifecycle`). A
 reset after a close starts a new session (`new_session`): a new id and a new
@@ -41,10 +48,27 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 
-from gym_sessions.client.exchange import Reply, Request
+from gym_sessions.client.exchange import EncodedBody, Reply, Request
 from gym_sessions.client.step_recovery import StepRecovery
+from gym_sessions.errors import InvalidBinaryError
 from gym_sessions.frames import decode_frame
 from gym_sessions.spaces import space_from_json, value_from_json, value_to_json
+from gym_sessions.spaces.binary import value_from_tree, value_to_tree
+from gym_sessions.value_messages import (
+    BATCH_BODY,
+    BATCH_REPLY,
+    BINARY_ACCEPT,
+    BINARY_MEDIA_TYPE,
+    STEP_BODY,
+    VALUE_REPLY,
+    BinaryValue,
+    Encoding,
+    ValuePositions,
+    body_encoding,
+    decode_message,
+    encode_message,
+    offers_binary,
+)
 from gym_sessions.wire import CLOSE_FOLLOWS_HEADER, EPISODE_LENGTH_HEADER, PYTHON_INT_FIELD
 
 __all__ = [
@@ -56,7 +80,10 @@ __all__ = [
     "RemoteEnvProtocol",
     "Reply",
     "Request",
+    "batch_request",
+    "batch_results",
     "close_request",
+    "reply_fields",
     "session_names",
     "start_request",
     "step_request",
@@ -87,8 +114,17 @@ def session_names(session_id: str, session_key: str) -> dict[str, str]:
     return {"resources_session_id": session_id, "session_key": session_key}
 
 
+#: ``Accept`` of the requests whose replies carry observations, once binary is offered.
+_BINARY_REPLIES = {"Accept": BINARY_ACCEPT}
+
+
 def start_request(
-    route: str, names: Mapping[str, str], body: Mapping[str, Any], *, first: bool
+    route: str,
+    names: Mapping[str, str],
+    body: Mapping[str, Any],
+    *,
+    first: bool,
+    binary: bool = False,
 ) -> Request:
     """A session start (``/reset``, ``/seed_session``) by id and key, so resendable.
 
@@ -97,19 +133,56 @@ def start_request(
         names: `session_names` of the session.
         body: The route's other fields (seed, options, ...).
         first: The session's first start (drops an earlier session's cookie).
+        binary: Ask for the observation in binary.
     """
-    return Request("POST", route, {**names, **body}, resendable=True, new_session=first)
+    headers = _BINARY_REPLIES if binary else {}
+    return Request("POST", route, {**names, **body}, headers, resendable=True, new_session=first)
 
 
 def step_request(action: Any, episode_length: int) -> Request:
-    """One ``/step`` with an action already in JSON; never resent blindly.
+    """One ``/step`` with an action already encoded; never resent blindly.
 
-    It runs only at ``episode_length`` (the steps before it, as the client
-    counts them): a resend after a lost reply cannot run the step twice.
+    ``action`` in JSON, or a `BinaryValue`: then the body is a binary message and
+    the reply is asked for in binary. It runs only at ``episode_length`` (the
+    steps before it, as the client counts them): a resend after a lost reply
+    cannot run the step twice.
     """
-    return Request(
-        "POST", "/step", {"action": action}, {EPISODE_LENGTH_HEADER: str(episode_length)}
-    )
+    length = str(episode_length)
+    if isinstance(action, BinaryValue):
+        body = EncodedBody(encode_message({"action": action}, STEP_BODY), BINARY_MEDIA_TYPE)
+        return Request("POST", "/step", body, {EPISODE_LENGTH_HEADER: length, **_BINARY_REPLIES})
+    return Request("POST", "/step", {"action": action}, {EPISODE_LENGTH_HEADER: length})
+
+
+def batch_request(path: str, entries: list[dict[str, Any]]) -> Request:
+    """A ``/step_batch`` of ``entries`` (their actions JSON, or all `BinaryValue`: binary)."""
+    batch = {"entries": entries}
+    if entries and isinstance(entries[0]["action"], BinaryValue):
+        body = EncodedBody(encode_message(batch, BATCH_BODY), BINARY_MEDIA_TYPE)
+        return Request("POST", path, body, _BINARY_REPLIES, sends_cookie=False)
+    return Request("POST", path, batch, sends_cookie=False)
+
+
+def reply_fields(reply: Reply, positions: ValuePositions = VALUE_REPLY) -> Any:
+    """A reply's JSON, or its binary message's head with a `BinaryValue` at each value position.
+
+    Read by the reply's own ``Content-Type``; a binary body is copied once, so
+    the arrays decoded from its values are writable.
+
+    Raises:
+        ValueError: the body is not what its ``Content-Type`` says.
+    """
+    if body_encoding(reply.headers.get("content-type")) is Encoding.JSON:
+        return reply.json()
+    try:
+        return decode_message(bytearray(reply.body), positions)
+    except InvalidBinaryError as exc:  # the server's fault: no request error
+        raise ValueError(f"malformed binary reply: {exc.message}") from exc
+
+
+def batch_results(reply: Reply) -> Any:
+    """The per-entry results of a ``/step_batch`` reply (JSON or binary)."""
+    return reply_fields(reply, BATCH_REPLY)["results"]
 
 
 def verify_request(close_follows: bool, body: Mapping[str, Any]) -> Request:
@@ -140,6 +213,8 @@ class EnvDescription:
             on the client's ``env.spec``).
         step_batch: The server's step batch route (``{"path", "max_entries"}``),
             or ``None`` when it offers none (an older server).
+        binary_values: The server offers the binary encoding of values
+            (`gym_sessions.value_messages`); the clients then use it.
     """
 
     observation_space: gym.Space[Any]
@@ -149,6 +224,7 @@ class EnvDescription:
     step_batch: dict[str, Any] | None = None
     #: The served env declares no render modes (so, as ``gymnasium.make``, any mode is tried).
     render_modes_undeclared: bool = False
+    binary_values: bool = False
 
     @classmethod
     def from_json(cls, reply: Mapping[str, Any]) -> EnvDescription:
@@ -162,6 +238,7 @@ class EnvDescription:
             dict(reply.get("spec") or {}),
             _step_batch(reply.get("step_batch")),
             render_modes_undeclared=not served,
+            binary_values=offers_binary(reply),
         )
 
     def local_spec(self, spec: EnvSpec | None) -> EnvSpec | None:
@@ -264,23 +341,35 @@ class RemoteEnvProtocol:
         if self.render_mode is not None:
             body["render_mode"] = self.render_mode
         names = session_names(self.session_id, self.session_key)
-        return start_request("/reset", names, body, first=first_start)
+        binary = self.description.binary_values
+        return start_request("/reset", names, body, first=first_start, binary=binary)
 
     def reset_reply(self, reply: Reply) -> tuple[Any, dict[str, Any]]:
-        data = reply.json()
+        data = reply_fields(reply)
         self.episode_length = 0
         return self._observation(data), data["info"]
 
     def _observation(self, data: Mapping[str, Any]) -> Any:
         """A reply's observation, decoded; a Python ``int`` where the served env gave one."""
-        observation = value_from_json(self.description.observation_space, data["observation"])
+        space, raw = self.description.observation_space, data["observation"]
+        if isinstance(raw, BinaryValue):
+            observation = value_from_tree(space, raw.tree, raw.buffers)
+        else:
+            observation = value_from_json(space, raw)
         if data.get(PYTHON_INT_FIELD) is True:
             return int(observation)
         return observation
 
+    def encode_action(self, action: Any) -> Any:
+        """``action`` as the server takes it: a `BinaryValue` where binary is offered, else JSON."""
+        space = self.description.action_space
+        if self.description.binary_values:
+            return BinaryValue(*value_to_tree(space, action))
+        return value_to_json(space, action)
+
     def step_recovery(self, action: Any) -> StepRecovery:
         """The requests of a step of ``action``, a lost reply included."""
-        encoded = value_to_json(self.description.action_space, action)
+        encoded = self.encode_action(action)
         return StepRecovery(
             step_request(encoded, self.episode_length), self.episode_length, self._step_ran
         )
@@ -291,7 +380,7 @@ class RemoteEnvProtocol:
         self.episode_length += 1
 
     def step_reply(self, reply: Reply) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        return self.step_result(reply.json())
+        return self.step_result(reply_fields(reply))
 
     def step_result(self, data: Mapping[str, Any]) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """A ``/step`` reply's (or ``/step_batch`` entry's) fields as Gymnasium's tuple."""

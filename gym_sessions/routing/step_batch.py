@@ -41,6 +41,12 @@ body with the same bound as any request), more than `MAX_BATCH_ENTRIES`
 entries 413, a body that is not ``{"entries": [...]}`` of objects with a
 string ``cookie`` and an ``action`` 400, a session named twice 400. ``worker``
 is the holder's worker id (no secret): clients group entries by it.
+
+Body and reply may each be a binary message instead (``Content-Type`` and
+``Accept``, `gym_sessions.value_messages`): the same objects, with each
+entry's action and each result's observation a segment. A sub-batch goes to
+its holder in the body's encoding, with the request's ``Accept``, and its
+results (values already encoded) are merged as they come.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from gym_sessions.errors import (
     BodyTooLargeError,
     HTTPError,
     InternalServerError,
+    InvalidBinaryError,
     InvalidJSONError,
     InvalidRequestError,
     MethodNotAllowedError,
@@ -83,6 +90,18 @@ from gym_sessions.routing.session_ids import (
 )
 from gym_sessions.routing.session_snapshots import SessionSnapshots
 from gym_sessions.scope_keys import HANDED_IN_SCOPE_KEY
+from gym_sessions.value_messages import (
+    BATCH_BODY,
+    BATCH_REPLY,
+    BINARY_MEDIA_TYPE,
+    Encoding,
+    SpaceValue,
+    body_encoding,
+    body_encoding_of,
+    decode_message,
+    encode_message,
+    reply_encoding_of,
+)
 
 __all__ = [
     "MAX_BATCH_ENTRIES",
@@ -130,6 +149,19 @@ class _Entry:
     result: dict[str, Any] | None = None
 
 
+_BINARY_CONTENT_TYPE = BINARY_MEDIA_TYPE.encode()
+
+
+def _encoded(result: dict[str, Any], encoding: Encoding) -> dict[str, Any]:
+    """A served entry's result with its observation encoded for the reply."""
+    observation = result.get("observation")
+    if isinstance(observation, SpaceValue):
+        result["observation"] = (
+            observation.to_json() if encoding is Encoding.JSON else observation.to_binary()
+        )
+    return result
+
+
 def _error_result(error: HTTPError, worker: str | None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "status": error.status,
@@ -140,12 +172,18 @@ def _error_result(error: HTTPError, worker: str | None) -> dict[str, Any]:
     return result
 
 
-def _parse(body: bytes) -> list[dict[str, Any]]:
-    """The batch's entries; raises for a body that is not a well-formed batch."""
-    try:
-        data = strict_json.loads(body) if body.strip() else None
-    except ValueError as exc:
-        raise InvalidJSONError(f"request body is not valid JSON: {exc}") from exc
+def _parse(body: bytes, encoding: Encoding) -> list[dict[str, Any]]:
+    """The batch's entries; raises for a body that is not a well-formed batch.
+
+    From a binary message, each entry's ``action`` is its `BinaryValue`.
+    """
+    if encoding is Encoding.BINARY:
+        data: Any = decode_message(body, BATCH_BODY)
+    else:
+        try:
+            data = strict_json.loads(body) if body.strip() else None
+        except ValueError as exc:
+            raise InvalidJSONError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict) or set(data) != {"entries"}:
         raise InvalidRequestError('a step batch is a JSON object {"entries": [...]}')
     entries = data["entries"]
@@ -229,15 +267,24 @@ class StepBatchRoute:
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowedError(f"{STEP_BATCH_PATH} takes POST only")
-            entries = [_Entry(i, raw) for i, raw in enumerate(_parse(body))]
+            entries = [
+                _Entry(i, raw) for i, raw in enumerate(_parse(body, body_encoding_of(scope)))
+            ]
             self._name_sessions(entries)
         except HTTPError as error:
             await send_error(send, error)
             return
-        if await self._serve_entries(entries, scope, body, private):
+        encoding = reply_encoding_of(scope)
+        if await self._serve_entries(entries, scope, body, private, encoding):
             return  # the holder took the connection: it answers
-        reply = json.dumps({"results": [entry.result for entry in entries]}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(reply))]
+        results = {"results": [entry.result for entry in entries]}
+        if encoding is Encoding.BINARY:
+            reply = encode_message(results, BATCH_REPLY)
+            content_type = _BINARY_CONTENT_TYPE
+        else:
+            reply = json.dumps(results).encode()
+            content_type = b"application/json"
+        headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(reply))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": reply})
 
@@ -270,7 +317,7 @@ class StepBatchRoute:
             entry.session_id, entry.cookie = found.session_id, cookie
 
     async def _serve_entries(
-        self, entries: list[_Entry], scope: Scope, body: bytes, private: bool
+        self, entries: list[_Entry], scope: Scope, body: bytes, private: bool, encoding: Encoding
     ) -> bool:
         """Serve or send on every entry; ``True``: the connection went to the one holder."""
         here: list[_Entry] = []
@@ -307,7 +354,7 @@ class StepBatchRoute:
         ]
         try:
             for entry in here:
-                entry.result = await self._serve_here(entry)
+                entry.result = await self._serve_here(entry, encoding)
         finally:
             if forwards:
                 await asyncio.gather(*forwards)
@@ -321,7 +368,7 @@ class StepBatchRoute:
             entry.result = _error_result(error, None)
             return None
 
-    async def _serve_here(self, entry: _Entry) -> dict[str, Any]:
+    async def _serve_here(self, entry: _Entry, encoding: Encoding) -> dict[str, Any]:
         if entry.result is not None:
             return entry.result
         sid = entry.session_id
@@ -341,8 +388,11 @@ class StepBatchRoute:
                 self.access.admit(routed, claims.incarnation(sid))
                 started = time.perf_counter()
                 try:
-                    result = await self.steps.step_session(
-                        sid, entry.raw["action"], entry.raw.get("episode_length")
+                    result = _encoded(
+                        await self.steps.step_session(
+                            sid, entry.raw["action"], entry.raw.get("episode_length")
+                        ),
+                        encoding,
                     )
                 finally:
                     if self.record_step is not None:
@@ -369,14 +419,23 @@ class StepBatchRoute:
         not for a takeover's winner, whose death is a 410).
         """
         assert self.forwarder is not None
-        sub_body = json.dumps({"entries": [entry.raw for entry in group]}).encode()
+        sub_batch = {"entries": [entry.raw for entry in group]}
+        if body_encoding_of(scope) is Encoding.BINARY:
+            sub_body = encode_message(sub_batch, BATCH_BODY)
+        else:
+            sub_body = json.dumps(sub_batch).encode()
         status = 0
+        reply_type: bytes | None = None
         chunks: list[bytes] = []
 
         async def capture(message: Message) -> None:
-            nonlocal status
+            nonlocal status, reply_type
             if message["type"] == "http.response.start":
                 status = message["status"]
+                reply_type = next(
+                    (v for k, v in message.get("headers", ()) if k.lower() == b"content-type"),
+                    None,
+                )
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
 
@@ -391,7 +450,13 @@ class StepBatchRoute:
             reply = b"".join(chunks)
             if status != 200:
                 raise error_from_body(status, reply)
-            results = json.loads(reply)["results"]
+            if body_encoding(reply_type) is Encoding.BINARY:
+                try:
+                    results = decode_message(reply, BATCH_REPLY)["results"]
+                except InvalidBinaryError as exc:  # the holder's fault, not the client's
+                    raise ValueError(exc.message) from exc
+            else:
+                results = json.loads(reply)["results"]
             if len(results) != len(group):
                 raise InternalServerError(f"worker {holder} answered a sub-batch of another size")
         except HTTPError as error:
@@ -449,9 +514,11 @@ class StepBatchRoute:
             else:
                 winners.setdefault(server, []).append(entry)
 
+        encoding = reply_encoding_of(scope)
+
         async def serve_here() -> None:
             for entry in here:
-                entry.result = await self._serve_here(entry)
+                entry.result = await self._serve_here(entry, encoding)
 
         await asyncio.gather(
             serve_here(),

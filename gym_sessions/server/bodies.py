@@ -1,7 +1,9 @@
 """Request bodies: JSON parsing and a small schema per route.
 
 A `BodySchema` validates a route's JSON object and describes it as JSON Schema,
-so the same declaration checks HTTP bodies and, later, MCP tool inputs.
+so the same declaration checks HTTP bodies and, later, MCP tool inputs. Routes
+that carry space values also take binary messages (`read_value_body`,
+`gym_sessions.value_messages`); every other route refuses them (415).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from typing import Any
 from starlette.requests import Request
 
 from gym_sessions import strict_json
-from gym_sessions.errors import InvalidJSONError, InvalidRequestError
+from gym_sessions.errors import InvalidJSONError, InvalidRequestError, UnsupportedMediaTypeError
 from gym_sessions.routing.request_session import REQUEST_SESSION_KEY
+from gym_sessions.routing.session_ids import route_path
+from gym_sessions.value_messages import Encoding, ValuePositions, body_encoding_of, decode_message
 
-__all__ = ["BodySchema", "Field", "integer_list", "read_json"]
+__all__ = ["BodySchema", "Field", "integer_list", "read_json", "read_value_body"]
 
 
 def _is_finite_number(value: Any) -> bool:
@@ -110,13 +114,46 @@ class BodySchema:
         return schema
 
 
+async def _raw_body(request: Request) -> bytes:
+    routed = request.scope.get(REQUEST_SESSION_KEY)
+    if routed is not None and routed.body is not None:
+        return routed.body
+    return await request.body()
+
+
+async def read_value_body(request: Request, positions: ValuePositions) -> Any:
+    """The request's body, JSON or a binary message by its ``Content-Type``.
+
+    A binary message comes back as its head, with a `BinaryValue` for each space
+    value at ``positions`` (`decode_message`).
+
+    Raises:
+        InvalidBinaryError: a malformed binary message.
+        UnsupportedMediaTypeError: a binary version this server does not speak.
+    """
+    if body_encoding_of(request.scope) is Encoding.JSON:
+        return await _read_json(request)
+    return decode_message(await _raw_body(request), positions)
+
+
 async def read_json(request: Request) -> Any:
     """The request's JSON body (``None`` when empty), parsed once.
 
     The router already parsed typed session starts and closes; their parse is
     reused. Other bodies are parsed from the bytes the router read. NaN and
     Infinity literals are refused, as strict JSON does.
+
+    Raises:
+        UnsupportedMediaTypeError: the body is a binary message (415).
     """
+    if body_encoding_of(request.scope) is Encoding.BINARY:
+        raise UnsupportedMediaTypeError(
+            f"{route_path(request.scope['path'])} takes JSON bodies only"
+        )
+    return await _read_json(request)
+
+
+async def _read_json(request: Request) -> Any:
     routed = request.scope.get(REQUEST_SESSION_KEY)
     raw: bytes | None = None
     if routed is not None:

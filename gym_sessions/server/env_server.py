@@ -7,7 +7,10 @@ makes the session's env with that mode), ``/step`` is the tool call,
 ``/render`` replies the session's frame as raw bytes
 (`gym_sessions.frames`), ``/verify`` scores the episode (the env's own
 ``verify()`` when it has one, else the episode return) and ``/close_session``
-calls ``env.close()`` once.
+calls ``env.close()`` once. Observations and actions travel as JSON, or as
+binary messages to a client that asks (``GET /spaces`` offers them;
+`gym_sessions.value_messages`): the adapter keeps an observation as the
+native value (`SpaceValue`) and each reply encodes it as its request asked.
 
 With durable sessions a session is captured (`env_capture_method`) by the
 env's own ``get_state()`` / ``set_state(state)`` when the env the factory
@@ -17,6 +20,7 @@ included), together with the episode's bookkeeping (docs/design.md §3.14.1).
 
 from __future__ import annotations
 
+import copy
 import logging
 import pickle
 from collections.abc import Callable
@@ -46,9 +50,10 @@ from gym_sessions.spaces import (
     space_json_schema,
     space_to_json,
     value_from_json,
-    value_to_json,
 )
+from gym_sessions.spaces.binary import value_from_tree
 from gym_sessions.spaces.values import space_contains, to_jsonable
+from gym_sessions.value_messages import OFFER_FIELD, BinaryValue, SpaceValue, binary_offer
 from gym_sessions.wire import EPISODE_LENGTH_HEADER, PYTHON_INT_FIELD
 
 __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
@@ -56,8 +61,9 @@ __all__ = ["GymEnvServer", "env_capture_method", "to_jsonable"]
 logger = logging.getLogger("gym_sessions.server")
 
 CaptureMethod = Literal["get_state", "pickle"]
-# Bumped when the snapshot payload of an env session changes shape.
-_SNAPSHOT_VERSION = 1
+# Bumped when the snapshot payload of an env session changes shape
+# (2: the observation and the start record's are native values, not JSON).
+_SNAPSHOT_VERSION = 2
 
 EnvFactory = Callable[..., gym.Env]
 _MAX_SEED = 2**64
@@ -77,7 +83,7 @@ class _ServedEnv:
     episode_open: bool = False
     episode_return: float = 0.0
     episode_length: int = 0
-    observation: Any = None  # the latest observation, as JSON
+    observation: SpaceValue | None = None  # the latest observation
 
 
 def _defines_state_protocol(env: gym.Env) -> bool:
@@ -159,6 +165,8 @@ class GymEnvServer(ResourcesServer):
                 "spec": _spec_json(probe, name),
                 # Clients step many sessions in one request where this is offered.
                 "step_batch": {"path": STEP_BATCH_PATH, "max_entries": MAX_BATCH_ENTRIES},
+                # ... and send values in binary (docs/design.md §3.15).
+                OFFER_FIELD: binary_offer(),
             }
         finally:
             probe.close()
@@ -191,7 +199,7 @@ class GymEnvServer(ResourcesServer):
             "episode_open": state.episode_open,
             "episode_return": state.episode_return,
             "episode_length": state.episode_length,
-            "observation": state.observation,
+            "observation": None if state.observation is None else state.observation.value,
             "records": self.session_records(session_id),
         }
         if _defines_state_protocol(state.env):
@@ -224,13 +232,16 @@ class GymEnvServer(ResourcesServer):
         if stale is not None:
             # Left by a request this worker served without the claim: never two envs.
             stale.env.close()
+        observation = payload["observation"]
         self._sessions[session_id] = _ServedEnv(
             env,
             render_mode,
             episode_open=payload["episode_open"],
             episode_return=payload["episode_return"],
             episode_length=payload["episode_length"],
-            observation=payload["observation"],
+            observation=None
+            if observation is None
+            else SpaceValue(self.observation_space, observation),
         )
         self.restore_records(session_id, payload.get("records", {}))
 
@@ -251,12 +262,14 @@ class GymEnvServer(ResourcesServer):
                 "terminated, truncated and info.",
                 self.step_arguments,
                 self._step,
+                carries_values=True,
             ),
             Tool(
                 "observe",
                 "Read the latest observation of this session's episode without acting.",
                 BodySchema(),
                 self._observe,
+                carries_values=True,
             ),
         ]
 
@@ -312,7 +325,9 @@ class GymEnvServer(ResourcesServer):
         observation, info = _call_env("reset", state.env.reset, seed=seed, options=options)
         state.episode_open = True
         state.episode_return, state.episode_length = 0.0, 0
-        state.observation = value_to_json(self.observation_space, observation)
+        # A copy: the start's reply is kept (a repeated seed gets it again) while
+        # the env may reuse the array it returned.
+        state.observation = SpaceValue(self.observation_space, copy.deepcopy(observation))
         return {
             "observation": state.observation,
             "info": to_jsonable(info),
@@ -365,10 +380,17 @@ class GymEnvServer(ResourcesServer):
                 f" {state.episode_length}: it did not run (an earlier send of it ran first?)"
             )
         try:
-            action = value_from_json(self.action_space, encoded_action)
+            if isinstance(encoded_action, BinaryValue):
+                # One copy, so the env gets writable arrays (as from JSON, or locally).
+                buffers = [memoryview(bytearray(buffer)) for buffer in encoded_action.buffers]
+                action = value_from_tree(self.action_space, encoded_action.tree, buffers)
+            else:
+                action = value_from_json(self.action_space, encoded_action)
         except SpaceCodecError as exc:
             raise InvalidRequestError(f"action does not fit the action space: {exc}") from exc
         if not space_contains(self.action_space, action):
+            if isinstance(encoded_action, BinaryValue):
+                raise InvalidRequestError(f"action {action!r:.200} is outside the action space")
             raise InvalidRequestError(f"action {encoded_action!r} is outside the action space")
         # Before the step: a step that raises may still have changed the env.
         self.session_changed(sid)
@@ -378,7 +400,7 @@ class GymEnvServer(ResourcesServer):
         state.episode_length += 1
         if terminated or truncated:
             state.episode_open = False
-        state.observation = value_to_json(self.observation_space, observation)
+        state.observation = SpaceValue(self.observation_space, observation)
         return {
             "observation": state.observation,
             "reward": reward,

@@ -39,6 +39,7 @@ from gym_sessions.errors import (
 from gym_sessions.routing.request_session import request_session
 from gym_sessions.routing.session_ids import SESSION_TOKEN_HEADER
 from gym_sessions.server.tools import Tool
+from gym_sessions.value_messages import VALUE_REPLY, json_content
 
 __all__ = ["MCP_PATH", "SESSION_TOKEN_HEADER_NAME", "McpEndpoint"]
 
@@ -163,7 +164,8 @@ class McpEndpoint:
         except HTTPError as error:
             return _framework_error(request_id, error)
         try:
-            structured = await tool.handler(request, arguments)
+            # MCP gets values as JSON whatever the HTTP request's Accept says.
+            structured = json_content(await tool.handler(request, arguments), VALUE_REPLY)
         except _SESSION_ERRORS as error:
             return _framework_error(request_id, error)
         except HTTPError as error:

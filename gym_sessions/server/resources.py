@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gym_sessions.credentials import SessionCredentials
@@ -51,9 +51,11 @@ from gym_sessions.server.bodies import BodySchema, Field, read_json
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
 from gym_sessions.server.episodes import CLOSE_FIELDS, SEED_FIELDS, EpisodeBinding, episode_of
 from gym_sessions.server.mcp import MCP_PATH, SESSION_TOKEN_HEADER_NAME, McpEndpoint
+from gym_sessions.server.replies import value_response
 from gym_sessions.server.session_locks import SessionLocks
 from gym_sessions.server.tools import Tool, ToolHandler
 from gym_sessions.settings import Settings
+from gym_sessions.value_messages import VALUE_REPLY, reply_encoding_of
 from gym_sessions.wire import CLOSE_FOLLOWS_HEADER
 
 __all__ = ["CLOSE_FOLLOWS_HEADER", "SEED_PATH", "ResourcesServer", "session_id"]
@@ -140,7 +142,11 @@ class ResourcesServer(SessionServer):
     # Hooks -------------------------------------------------------------------------------
 
     async def start_session(self, session_id: str, body: dict[str, Any], path: str) -> dict:
-        """Start (or restart) ``session_id`` from a start route's body; returns reply fields."""
+        """Start (or restart) ``session_id`` from a start route's body; returns reply fields.
+
+        An ``observation`` field that is a `SpaceValue` travels in the encoding
+        the request asked for (JSON by default, binary on request).
+        """
         return {}
 
     async def verify_session(self, session_id: str, body: dict[str, Any]) -> dict:
@@ -211,8 +217,9 @@ class ResourcesServer(SessionServer):
 
         return call
 
-    def _start_route(self, path: str) -> Callable[[Request], Awaitable[JSONResponse]]:
-        async def start(request: Request) -> JSONResponse:
+    def _start_route(self, path: str) -> Callable[[Request], Awaitable[Response]]:
+        async def start(request: Request) -> Response:
+            encoding = reply_encoding_of(request.scope)
             body = SEED_BODY.validate(await read_json(request))
             body.pop(SESSION_KEY_FIELD, None)  # a credential, not task data for the hook
             episode = episode_of(body)
@@ -226,7 +233,8 @@ class ResourcesServer(SessionServer):
                 fields = _start_fields(body)
                 last = self._starts.get(sid)
                 if path == SEED_PATH and last is not None:
-                    return JSONResponse(self._repeated_seed(sid, last, fields))
+                    repeated = self._repeated_seed(sid, last, fields)
+                    return value_response(repeated, encoding, VALUE_REPLY)
                 try:
                     reply = await self.start_session(sid, body, path)
                 except BaseException:
@@ -255,7 +263,7 @@ class ResourcesServer(SessionServer):
                 )
                 self._starts[sid] = _StartRecord(fields, content)
                 self.episodes.bind(sid, episode)
-                return JSONResponse(content)
+                return value_response(content, encoding, VALUE_REPLY)
 
         return start
 

@@ -3,6 +3,10 @@
 A `Tool` names a handler that takes the request and its validated arguments
 and returns a JSON object. The HTTP route ``POST /<name>`` and the MCP
 ``tools/call`` of ``<name>`` run the same handler against the same session.
+A tool that `carries_values` may hold space values in its arguments
+(``action``) and result (``observation``): its HTTP route takes and answers
+them in JSON or, when asked, binary (`gym_sessions.value_messages`); MCP
+always gets JSON.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gym_sessions.server.bodies import BodySchema, read_json
-from gym_sessions.server.replies import send_json_reply
+from gym_sessions.server.bodies import BodySchema, read_json, read_value_body
+from gym_sessions.server.replies import send_json_reply, send_value_reply
+from gym_sessions.value_messages import STEP_BODY, VALUE_REPLY, reply_encoding_of
 
 __all__ = ["Tool", "ToolHandler"]
 
@@ -33,12 +38,15 @@ class Tool:
         arguments: The JSON object the tool takes.
         handler: ``await handler(request, arguments) -> result``; it uses the
             request's session through `session_id`.
+        carries_values: ``arguments["action"]`` may be a `BinaryValue`, and
+            ``result["observation"]`` a `SpaceValue` (see the module).
     """
 
     name: str
     description: str
     arguments: BodySchema
     handler: ToolHandler
+    carries_values: bool = False
 
     @property
     def path(self) -> str:
@@ -73,5 +81,11 @@ class _ToolEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
         tool = self.tool
-        arguments = tool.arguments.validate(await read_json(request))
-        await send_json_reply(send, await tool.handler(request, arguments))
+        if not tool.carries_values:
+            arguments = tool.arguments.validate(await read_json(request))
+            await send_json_reply(send, await tool.handler(request, arguments))
+            return
+        encoding = reply_encoding_of(scope)
+        arguments = tool.arguments.validate(await read_value_body(request, STEP_BODY))
+        result = await tool.handler(request, arguments)
+        await send_value_reply(send, result, encoding, VALUE_REPLY)

@@ -1,12 +1,14 @@
-"""Values of spaces as binary segments: a small JSON tree plus the arrays' raw bytes.
+"""Values of spaces in binary: a small JSON tree plus the arrays' raw bytes.
 
-The binary wire encoding (docs/design.md §3.15) carries each space value as one
-*segment*. A segment is a `frame` of a JSON *tree* and the raw buffers of the
-value's arrays. The tree mirrors the value as `gym_sessions.spaces.values`
-writes it in JSON, except that every array (a Box, MultiBinary or MultiDiscrete
-value, a stacked Sequence of array features, Graph nodes, edges and edge links)
-is a reference ``{"buffer": i, "dtype": "<f4", "shape": [84, 84]}`` to buffer
-``i`` of the segment. Discrete values stay JSON integers, Text values strings.
+A value's binary form (docs/design.md §3.15) is its *tree* and its *buffers*
+(`value_to_tree`). The tree mirrors the value as `gym_sessions.spaces.values`
+writes it in JSON, except that every array (a Box, MultiBinary or
+MultiDiscrete value, a stacked Sequence of array features, Graph nodes, edges
+and edge links) is a reference ``{"buffer": i, "dtype": "<f4", "shape": [84,
+84]}`` to buffer ``i``. Discrete values stay JSON integers, Text values
+strings. On the wire the trees sit in a message's head and the buffers are its
+blobs (`gym_sessions.value_messages`); a *segment* (`value_to_segment`) frames
+one value alone, its tree as the head.
 
 A frame (the same layout for a segment and for a whole message)::
 
@@ -19,13 +21,16 @@ A frame (the same layout for a segment and for a whole message)::
 
 Decoding checks everything against the space: the declared dtype must be the
 space's dtype (``numpy.dtype.str``, so the byte order is explicit), the shape
-the space's shape (a stacked value: any number of rows of it), and the buffer
-exactly ``prod(shape) * itemsize`` bytes. Arrays come back as read-only
-``np.frombuffer`` views of the received bytes: no copy.
+the space's shape (a stacked value: any number of rows of it), the buffer
+exactly ``prod(shape) * itemsize`` bytes (bool bytes 0 or 1), and every buffer
+backs exactly one array. Arrays come back as ``np.frombuffer`` views of the
+received bytes: no copy (read-only views of ``bytes``).
 """
 
 from __future__ import annotations
 
+import collections.abc
+import functools
 import json
 import math
 import operator
@@ -60,7 +65,16 @@ from gym_sessions.spaces.values import (
     _unstack,
 )
 
-__all__ = ["MAX_BLOBS", "frame", "unframe", "value_from_segment", "value_to_segment"]
+__all__ = [
+    "MAX_BLOBS",
+    "Buffer",
+    "frame",
+    "unframe",
+    "value_from_segment",
+    "value_from_tree",
+    "value_to_segment",
+    "value_to_tree",
+]
 
 #: Blobs one frame may hold (a message's segments, a segment's arrays).
 MAX_BLOBS = 65536
@@ -68,26 +82,52 @@ _MAX_NDIM = 32
 _ARRAY_SPACES = (Box, Discrete, MultiDiscrete, MultiBinary)
 _EDGE_LINK_DTYPE = np.dtype(np.int32)
 _U32 = struct.Struct("<II")
+_REF_KEYS = frozenset({"buffer", "dtype", "shape"})
+
+#: What a blob or an array's buffer may be.
+Buffer = bytes | bytearray | memoryview
 
 
-def _pad(n: int) -> int:
-    return -n % 8
+@functools.lru_cache(maxsize=64)
+def _lengths(count: int) -> struct.Struct:
+    """The blob table of ``count`` blobs (compiled once per count in use)."""
+    return struct.Struct(f"<{count}Q")
 
 
-def frame(head: bytes, blobs: list[bytes | memoryview]) -> bytes:
+_ZEROS = [b"\0" * n for n in range(8)]
+_STRICT = json.JSONDecoder(parse_constant=strict_json.reject_constant)
+
+
+def _head(text: str) -> Any:
+    """``strict_json.loads(text)``; a compact head (what writers send) in one C call."""
+    if text[:1] in "{[" and text:
+        try:
+            value, end = _STRICT.raw_decode(text)
+        except RecursionError as exc:
+            raise ValueError("JSON nested too deeply") from exc
+        if end == len(text):
+            return value
+    return strict_json.loads(text)  # whitespace around the value, or its error
+
+
+def frame(head: bytes, blobs: collections.abc.Sequence[bytes | bytearray | memoryview]) -> bytes:
     """One frame of ``head`` (JSON bytes) and ``blobs`` (see the module)."""
-    parts: list[bytes | memoryview] = [
-        _U32.pack(len(head), len(blobs)),
-        struct.pack(f"<{len(blobs)}Q", *(len(blob) for blob in blobs)),
+    count = len(blobs)
+    if not count:
+        return _U32.pack(len(head), 0) + head
+    lengths = [len(blob) for blob in blobs]
+    parts: list[bytes | bytearray | memoryview] = [
+        _U32.pack(len(head), count),
+        _lengths(count).pack(*lengths),
         head,
     ]
-    offset = 8 + 8 * len(blobs) + len(head)
-    for blob in blobs:
-        pad = _pad(offset)
+    offset = 8 + 8 * count + len(head)
+    for blob, length in zip(blobs, lengths, strict=True):
+        pad = -offset & 7
         if pad:
-            parts.append(b"\0" * pad)
+            parts.append(_ZEROS[pad])
         parts.append(blob)
-        offset += pad + len(blob)
+        offset += pad + length
     return b"".join(parts)
 
 
@@ -100,21 +140,22 @@ def unframe(data: memoryview, what: str) -> tuple[Any, list[memoryview]]:
     if count > MAX_BLOBS:
         raise SpaceCodecError(f"{what}: {count} blobs, at most {MAX_BLOBS}")
     table_end = 8 + 8 * count
-    if table_end + head_len > size:
-        raise SpaceCodecError(f"{what}: the frame is shorter than its head says")
-    lengths = struct.unpack_from(f"<{count}Q", data, 8)
-    try:
-        head = strict_json.loads(bytes(data[table_end : table_end + head_len]))
-    except ValueError as exc:
-        raise SpaceCodecError(f"{what}: head is not valid JSON: {exc}") from exc
     offset = table_end + head_len
+    if offset > size:
+        raise SpaceCodecError(f"{what}: the frame is shorter than its head says")
+    try:
+        head = _head(str(data[table_end:offset], "utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise SpaceCodecError(f"{what}: head is not valid UTF-8 JSON: {exc}") from exc
     blobs = []
-    for length in lengths:
-        offset += _pad(offset)
-        if offset + length > size:
-            raise SpaceCodecError(f"{what}: the frame is shorter than its blob table says")
-        blobs.append(data[offset : offset + length])
-        offset += length
+    if count:
+        for length in _lengths(count).unpack_from(data, 8):
+            offset += -offset & 7
+            end = offset + length
+            if end > size:
+                raise SpaceCodecError(f"{what}: the frame is shorter than its blob table says")
+            blobs.append(data[offset:end])
+            offset = end
     if offset != size:
         raise SpaceCodecError(f"{what}: {size - offset} bytes after the last blob")
     return head, blobs
@@ -142,7 +183,7 @@ def _exact(arr: np.ndarray, dtype: np.dtype[Any], path: str) -> np.ndarray:
 
 class _Writer:
     def __init__(self) -> None:
-        self.buffers: list[bytes | memoryview] = []
+        self.buffers: list[bytes | bytearray | memoryview] = []
 
     def array(self, value: Any, dtype: np.dtype[Any], path: str) -> dict[str, Any]:
         arr = value if isinstance(value, np.ndarray) else np.asarray(value)
@@ -258,28 +299,37 @@ _ENCODERS: dict[type, Callable[[_Writer, Any, Any, str], Any]] = {
 # Decoding -------------------------------------------------------------------------------------
 
 
+def _is_shape(dims: tuple[Any, ...]) -> bool:
+    """Whether ``dims`` can be a numpy shape: at most 32 ints >= 0 (no bools)."""
+    return len(dims) <= _MAX_NDIM and all(type(d) is int and d >= 0 for d in dims)
+
+
 class _Reader:
-    def __init__(self, buffers: list[memoryview]) -> None:
+    def __init__(self, buffers: collections.abc.Sequence[Buffer]) -> None:
         self.buffers = buffers
+        # Each buffer backs one array: a buffer named twice would let a few
+        # bytes stand for many arrays' worth of elements, which JSON cannot.
+        self.named = bytearray(len(buffers))
+        self.unnamed = len(buffers)
 
     def array(
         self, ref: Any, dtype: np.dtype[Any], shape: tuple[int, ...] | None, path: str
     ) -> Any:
         """The array ``ref`` points at; ``shape`` None: any number of rows (given separately)."""
-        if not isinstance(ref, dict) or set(ref) != {"buffer", "dtype", "shape"}:
+        if type(ref) is not dict or ref.keys() != _REF_KEYS:
             raise SpaceCodecError(f"{path}: expected an array reference {{buffer, dtype, shape}}")
         index, declared, dims = ref["buffer"], ref["dtype"], ref["shape"]
         if type(index) is not int or not 0 <= index < len(self.buffers):
             raise SpaceCodecError(f"{path}: buffer {index!r:.20} does not exist")
+        if self.named[index]:
+            raise SpaceCodecError(f"{path}: buffer {index} is named twice")
+        self.named[index] = 1
+        self.unnamed -= 1
         if declared != dtype.str:
             raise SpaceCodecError(f"{path}: dtype {declared!r:.20} is not the space's {dtype.str}")
-        if (
-            not isinstance(dims, list)
-            or len(dims) > _MAX_NDIM
-            or not all(type(d) is int and d >= 0 for d in dims)
-        ):
+        got = tuple(dims) if type(dims) is list else None
+        if got is None or not _is_shape(got):
             raise SpaceCodecError(f"{path}: shape must be a list of non-negative integers")
-        got = tuple(dims)
         if shape is not None and got != shape:
             raise SpaceCodecError(f"{path}: expected shape {shape}, got {got}")
         buffer = self.buffers[index]
@@ -288,6 +338,8 @@ class _Reader:
                 f"{path}: shape {got} of {dtype.str} needs {math.prod(got) * dtype.itemsize}"
                 f" bytes, the buffer holds {len(buffer)}"
             )
+        if dtype.kind == "b" and len(buffer) and np.frombuffer(buffer, np.uint8).max() > 1:
+            raise SpaceCodecError(f"{path}: a bool array holds a byte other than 0 or 1")
         return np.frombuffer(buffer, dtype=dtype).reshape(got)
 
     def value(self, space: Space[Any], data: Any, path: str) -> Any:
@@ -391,8 +443,11 @@ _DECODERS: dict[type, Callable[[_Reader, Any, Any, str], Any]] = {
 _TREE_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def value_to_segment(space: Space[Any], value: Any) -> bytes:
-    """Encode a value of ``space`` as one binary segment (see the module).
+def value_to_tree(space: Space[Any], value: Any) -> tuple[Any, list[Buffer]]:
+    """A value of ``space`` as its JSON tree and the raw buffers its array references name.
+
+    The parts of a segment before framing (see the module); the buffers are
+    views of the value's arrays where they are contiguous, not copies.
 
     Raises:
         SpaceCodecError: The value does not have the structure of ``space``.
@@ -404,22 +459,50 @@ def value_to_segment(space: Space[Any], value: Any) -> bytes:
         raise
     except WRAPPED_ERRORS as exc:
         raise SpaceCodecError(f"$: cannot encode value for {space!r:.80}: {exc!r}") from exc
-    return frame(_TREE_ENCODER.encode(tree).encode(), writer.buffers)
+    return tree, writer.buffers
 
 
-def value_from_segment(space: Space[Any], segment: bytes | memoryview) -> Any:
+def value_from_tree(space: Space[Any], tree: Any, buffers: collections.abc.Sequence[Buffer]) -> Any:
+    """Decode a tree and its buffers (`value_to_tree`) into a value of ``space``.
+
+    Every buffer must back exactly one array of the value. Arrays are
+    ``np.frombuffer`` views of the buffers, no copy: read-only where a buffer
+    is, writable where it is writable (a view of a ``bytearray``).
+
+    Raises:
+        SpaceCodecError: The tree or a buffer does not fit ``space``.
+    """
+    try:
+        reader = _Reader(buffers)
+        value = reader.value(space, tree, "$")
+        if reader.unnamed:
+            raise SpaceCodecError(f"$: buffer {reader.named.index(0)} is not part of the value")
+        return value
+    except SpaceCodecError:
+        raise
+    except WRAPPED_ERRORS as exc:
+        raise SpaceCodecError(f"$: invalid value for {space!r:.80}: {exc!r}") from exc
+
+
+def value_to_segment(space: Space[Any], value: Any) -> bytes:
+    """Encode a value of ``space`` as one binary segment (see the module).
+
+    Raises:
+        SpaceCodecError: The value does not have the structure of ``space``.
+    """
+    tree, buffers = value_to_tree(space, value)
+    return frame(_TREE_ENCODER.encode(tree).encode(), buffers)
+
+
+def value_from_segment(space: Space[Any], segment: Buffer) -> Any:
     """Decode a segment into a value of ``space``, as `value_from_json` would return it.
 
-    Arrays are read-only views of ``segment`` (copy one to write into it).
+    Arrays are views of ``segment``, no copy: read-only when ``segment`` is
+    (``bytes``), writable when it is (a ``bytearray``).
 
     Raises:
         SpaceCodecError: The segment is malformed or does not fit ``space``.
     """
     view = segment if isinstance(segment, memoryview) else memoryview(segment)
-    try:
-        tree, buffers = unframe(view, "segment")
-        return _Reader(buffers).value(space, tree, "$")
-    except SpaceCodecError:
-        raise
-    except WRAPPED_ERRORS as exc:
-        raise SpaceCodecError(f"$: invalid value for {space!r:.80}: {exc!r}") from exc
+    tree, buffers = unframe(view, "segment")
+    return value_from_tree(space, tree, buffers)

@@ -1,0 +1,54 @@
+"""Envs with Atari-sized pixel observations, to serve in tests and benchmarks.
+
+`pong` is ALE's ``ALE/Pong-v5`` (the ``atari`` extra: ``ale-py``, ROMs
+included); `PixelEnv` is a synthetic stand-in with the same spaces (210x160x3
+uint8 frames, 6 actions) for machines without ``ale-py``: each step changes a
+row of its frame by the action, so a changed action or frame shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["FRAME_SHAPE", "PixelEnv", "pong"]
+
+FRAME_SHAPE = (210, 160, 3)
+
+
+def pong(**kwargs: Any) -> gym.Env:
+    """``gymnasium.make("ALE/Pong-v5", **kwargs)``, registering ALE's envs first."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+    return gym.make("ALE/Pong-v5", **kwargs)
+
+
+class PixelEnv(gym.Env):
+    """Atari-shaped frames, deterministic by seed; episodes of `EPISODE_STEPS` steps."""
+
+    EPISODE_STEPS = 500
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, FRAME_SHAPE, np.uint8)
+        self.action_space = gym.spaces.Discrete(6)
+        self._frame = np.zeros(FRAME_SHAPE, np.uint8)
+        self._steps = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._frame = self.np_random.integers(0, 256, FRAME_SHAPE, dtype=np.uint8)
+        self._steps = 0
+        return self._frame.copy(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._steps += 1
+        row = self._steps % FRAME_SHAPE[0]
+        self._frame[row] = (self._frame[row].astype(np.int64) + 37 * int(action) + 1) % 256
+        reward = float(self._frame[row, 0, 0]) / 255.0
+        return self._frame.copy(), reward, False, self._steps >= self.EPISODE_STEPS, {}
