@@ -522,8 +522,8 @@ class ReplSandbox:
             raise StartupError(
                 "the Python REPL sandbox runs each session under its own uid, which needs "
                 f"root, and this server runs as uid {os.geteuid()}: run it as root, or pass "
-                "--unsandboxed to run session code as this user, unprotected (see README "
-                "'Sandboxed Python REPL')"
+                "--unsandboxed to run session code as this user, unprotected (see "
+                "docs/operating/repl-sandbox.md)"
             )
         self.sandboxed = root and not unsandboxed
         prlimit = shutil.which("prlimit", path=f"{os.environ.get('PATH', '')}:/usr/bin:/bin")

@@ -334,7 +334,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with Redis claims: the address other hosts reach this host's workers on "
         "(each worker listens on a port of its own there; default 127.0.0.1)",
     )
-    limits = serve_cmd.add_argument_group("limits (README 'Limits')")
+    limits = serve_cmd.add_argument_group("limits (docs/operating/limits.md)")
     limits.add_argument(
         "--max-sessions",
         type=int,
@@ -381,13 +381,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a request head not complete this long after it began gets 408 and is closed "
         "(default 30)",
     )
-    lifecycle = serve_cmd.add_argument_group("lifecycle (README 'Operations')")
+    lifecycle = serve_cmd.add_argument_group("lifecycle (docs/operating/signals.md)")
     lifecycle.add_argument(
         "--durable-sessions",
         action="store_true",
         help="snapshot each live session after every request that changed it, so a session "
         "whose worker died is restored on another worker instead of 410 (file claims; see "
-        "README 'Durable sessions')",
+        "docs/operating/durable-sessions.md)",
     )
     lifecycle.add_argument(
         "--max-snapshot-bytes",
@@ -464,13 +464,13 @@ def _parser() -> argparse.ArgumentParser:
         "--trust-session-ids",
         action="store_true",
         help="let a typed start or close reach a session by its id alone, without its cookie "
-        "or session_key (only when every client is trusted; see README 'Security')",
+        "or session_key (only when every client is trusted; see docs/operating/credentials.md)",
     )
     serve_cmd.add_argument(
         "--unsandboxed",
         action="store_true",
         help="let servers that run client code (envs.python_repl) run it without their "
-        "sandbox when not root (see README 'Security')",
+        "sandbox when not root (see docs/operating/repl-sandbox.md)",
     )
     egress = serve_cmd.add_argument_group("agent servers: what they may call (docs/security.md)")
     egress.add_argument(
@@ -496,7 +496,7 @@ def _parser() -> argparse.ArgumentParser:
         help="an env or model server's reply larger than this is not read: 502 bad_upstream "
         f"(default {Settings.upstream_max_reply_bytes // (1024 * 1024)} MiB)",
     )
-    metrics = serve_cmd.add_argument_group("metrics (README 'Metrics')")
+    metrics = serve_cmd.add_argument_group("metrics (docs/operating/metrics.md)")
     metrics.add_argument(
         "--metrics",
         choices=["on", "off"],

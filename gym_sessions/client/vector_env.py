@@ -86,7 +86,7 @@ class _VectorLoop:
     own, for good, and `run` waits for it there. Against the loop always in a
     thread, the caller's thread measured 1.39x and 1.71x the steps/s at N = 4
     in two runs, and 0.98x at N = 64 (CartPole, 4 workers, interleaved rounds
-    on 2 loaded cores; benchmarks/README.md): it pays where requests are few.
+    on 2 loaded cores; benchmarks/LOG.md): it pays where requests are few.
     """
 
     def __init__(self) -> None:

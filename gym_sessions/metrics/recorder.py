@@ -1,6 +1,6 @@
 """`WorkerMetrics`: what one worker counts for ``GET /metrics``, and the page it renders.
 
-The families (README "Metrics" lists them for operators), all labelled
+The families (docs/operating/metrics.md lists them for operators), all labelled
 ``worker`` but the first:
 
 - ``gym_sessions_requests_total{route, status}``: requests accepted on the

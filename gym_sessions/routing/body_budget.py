@@ -2,7 +2,7 @@
 
 A body is held from its first byte until its request is answered (parsed JSON
 lives as long as the handler), and parsing takes up to about 25 times a body's
-size in Python objects (README "Limits"). Bounding the bytes held bounds the
+size in Python objects (docs/operating/limits.md). Bounding the bytes held bounds the
 worker's memory for bodies, whatever the number of clients: a request whose
 body does not fit waits briefly for room, then gets 503 ``overloaded``.
 """

@@ -9,7 +9,7 @@ listener (``<runtime dir>/workers/<id>.sock`` with file claims, a TCP port
 with Redis claims).
 
 An aiohttp client per holder measured slower and was removed (see
-``benchmarks/README.md``). Another design, handing the ASGI scope and body
+``benchmarks/LOG.md``). Another design, handing the ASGI scope and body
 over as frames without HTTP on either side, measured 0.97-1.02x this hop's
 latency (commit "Experiment: a framed ASGI hop";
 ``benchmarks/results/routing_cost.json``): the HTTP parsing it skips is

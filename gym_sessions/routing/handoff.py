@@ -245,7 +245,7 @@ class Handoff:
     A connection is handed over from its `from_request`-th request on (2): a
     connection's first request may well be its last (a client that connects
     for each request), and for one request the hop costs less than moving
-    the connection (``benchmarks/README.md``, "Connection handoff").
+    the connection (``benchmarks/LOG.md``, "Connection handoff").
     """
 
     #: The first request of a connection that may be handed over (1: any).

@@ -12,7 +12,7 @@ refused hop, never a stale reply. Entries also go on a close, a 410, a 502
 and a refusal. Only the holder's memory is authoritative, as without the cache.
 
 With file claims a lookup is one small file read (6 us p50 against the 0.26 ms
-the one-host hop adds, ``benchmarks/README.md``): no cache there. With durable
+the one-host hop adds, ``benchmarks/LOG.md``): no cache there. With durable
 sessions a cached holder that died refuses the hop like any dead holder: the
 router looks it up afresh and restores the session (`SessionRouter._forward_cached`).
 """

@@ -1,4 +1,4 @@
-"""Who may reach a session: the ownership rule (README "Security" has it as a table).
+"""Who may reach a session: the ownership rule (docs/operating/credentials.md has it as a table).
 
 A session belongs to whoever started it. The worker that claims a session
 keeps, with the claim, the session's `Incarnation`: a random nonce minted when

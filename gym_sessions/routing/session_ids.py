@@ -1,4 +1,4 @@
-"""Where a request's session id comes from: the sources table (docs in README "State").
+"""Where a request's session id comes from: the sources table (docs/operating/workers.md).
 
 `find_session_id` is the one place that decides which id a request names, and
 `find_session_key` the one place that reads the ``session_key`` a typed body
