@@ -6,6 +6,7 @@ import importlib
 import itertools
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import ModuleType
@@ -29,6 +30,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """The uvicorn gate (``--open-uvicorn-gate``), and a working Ctrl-C for children.
+
+    A shell without job control starts background commands with SIGINT ignored,
+    and an ignored signal stays ignored through fork and exec: every client and
+    server the tests start would then ignore the SIGINT the tests send. A
+    handler (unlike an ignore) is reset to the default in the child.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if config.getoption("--open-uvicorn-gate"):
         BoundedHttpProtocol.handoff_enabled = True
         BoundedHttpProtocol.coalesces_replies = True
