@@ -82,6 +82,10 @@ def _is_ending(pid: int) -> bool:
             stat = file.read()
         with open(f"/proc/{pid}/status", "rb") as file:
             status = file.read()
+    except FileNotFoundError:
+        # Reaped since the caller saw it; but where there is no /proc at all,
+        # nothing can be told.
+        return os.path.isdir("/proc/self")
     except OSError:
         return False
     # The state follows the command name, which is in parentheses and may hold any byte.

@@ -6,13 +6,19 @@ killed but not reaped (a zombie), which runs none of its code again.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
 
-from gym_sessions.runtime_dir import worker_process_exists
+import pytest
+
+from gym_sessions.routing.worker_endpoints import UnixEndpoints
+from gym_sessions.runtime_dir import RuntimeDirectory, worker_process_exists
+
+from .polling import eventually
 
 
 def _worker_id(pid: int) -> str:
@@ -49,3 +55,42 @@ def test_a_live_or_stopped_process_exists_and_a_killed_one_does_not():
 
 def test_an_id_without_a_pid_is_never_taken_for_gone():
     assert worker_process_exists("in-process-worker")
+
+
+@pytest.fixture
+def sleeper():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield child
+    child.kill()
+    child.wait()
+
+
+async def test_a_connection_to_a_killed_worker_is_refused_though_its_socket_accepts(
+    short_tmp, sleeper
+):
+    # A SIGKILLed worker's private socket may accept for a moment while the
+    # kernel tears the process down; whatever is sent to it can never run, so
+    # the hop is refused (the session may be restored) rather than sent into
+    # it (a 502: "it may have run"). The socket here is the test's own, so it
+    # goes on accepting for as long as the test wants.
+    runtime = RuntimeDirectory.create(short_tmp)
+    endpoints = UnixEndpoints(runtime)
+    worker_id = _worker_id(sleeper.pid)
+    accepted: list[asyncio.StreamWriter] = []
+    listener = await asyncio.start_unix_server(
+        lambda _reader, writer: accepted.append(writer), runtime.socket_path(worker_id)
+    )
+    try:
+        _, writer = await endpoints.open(worker_id)  # alive: connected
+        writer.close()
+        os.kill(sleeper.pid, signal.SIGKILL)
+        assert await eventually(lambda: not worker_process_exists(worker_id))
+        await asyncio.sleep(0.05)  # let the listener take the first connection
+        with pytest.raises(ConnectionRefusedError):
+            await endpoints.open(worker_id)
+        await asyncio.sleep(0.05)
+        assert len(accepted) == 1  # the refused one never reached the socket
+    finally:
+        listener.close()
+        for writer in accepted:
+            writer.close()

@@ -60,11 +60,14 @@ class UnixEndpoints:
         return self.runtime_dir.worker_ids()
 
     async def open(self, worker_id: str) -> Streams:
+        if not worker_process_exists(worker_id):
+            # A killed worker's socket may still accept while the kernel tears
+            # it down, but nothing sent to it can run: refuse, as its exit will.
+            raise ConnectionRefusedError(f"worker {worker_id} has exited")
         return await asyncio.open_unix_connection(self.socket_path(worker_id), limit=_READ_LIMIT)
 
     async def reachable(self, worker_id: str) -> bool:
-        # A killed worker's socket still accepts while the kernel tears it down.
-        return worker_process_exists(worker_id) and await _accepts(self.open(worker_id))
+        return await _accepts(self.open(worker_id))
 
 
 class TcpEndpoints:

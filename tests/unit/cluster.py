@@ -72,6 +72,18 @@ def dead_worker_id() -> str:
     return f"{child.pid}-{os.urandom(4).hex()}"
 
 
+def stand_in_process() -> subprocess.Popen:
+    """A real process for an in-process worker's id to name: alive until the worker is killed.
+
+    Liveness checks read ``/proc`` for the pid in a worker's id, so a worker
+    whose id names this process is alive to them, and gone once `Worker.kill`
+    kills it. It also exits on its own if the test process dies (its stdin closes).
+    """
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+
+
 def honest_key(session_id: str) -> str:
     """The ``session_key`` the test client sends for ``session_id`` (one per id)."""
     return hashlib.sha256(b"honest-key:" + session_id.encode()).hexdigest()
@@ -114,9 +126,13 @@ class Reply:
 class Worker:
     """One in-process worker and a client that always reaches it."""
 
-    def __init__(self, app: WorkerApp, public_path: str) -> None:
+    def __init__(
+        self, app: WorkerApp, public_path: str, stand_in: subprocess.Popen | None = None
+    ) -> None:
         self.app = app
         self.public_path = public_path
+        #: The real process the worker's id names (`stand_in_process`), if any.
+        self.stand_in = stand_in
         self.listener = PrivateListener(app, public_path, private=False)
         self.client: aiohttp.ClientSession | None = None
 
@@ -141,18 +157,26 @@ class Worker:
             await self.client.close()
         await self.listener.stop()
         await self.app.shutdown()
+        self._end_stand_in()
 
     async def kill(self) -> None:
         """Stop answering at once, as a SIGKILLed worker does: no shutdown, no release.
 
         Its listeners go (its private socket refuses) and its background work
         stops; its memory stays, unreachable, as a dead process's would.
-        Give the worker a dead process's pid in its id (`dead_worker_id`) so
-        other workers can tell it exited.
+        Other workers can tell it exited if its id names a process: its
+        stand-in process (killed and reaped here) or one that has already
+        exited (`dead_worker_id`).
         """
         for task in self.app._background:
             task.cancel()
         await self.stop_listening()
+        self._end_stand_in()
+
+    def _end_stand_in(self) -> None:
+        if self.stand_in is not None and self.stand_in.returncode is None:
+            self.stand_in.kill()
+            self.stand_in.wait()
 
     async def stop_listening(self) -> None:
         """Close every socket this worker listens on: public, private and handoff."""
@@ -307,11 +331,14 @@ async def start_cluster(
     routed: bool = True,
     clock: FakeClock | None = None,
     worker_ids: list[str] | None = None,
+    stand_ins: bool = False,
     **settings_kw: Any,
 ) -> Cluster:
     """Start ``n`` workers, each serving a fresh ``make_server()``, on ``clock`` if given.
 
-    ``worker_ids``: the workers' ids (default: ids naming no process).
+    ``worker_ids``: the workers' ids (default: ids naming no process, so no
+    worker is ever known to have exited). ``stand_ins``: each id names a
+    `stand_in_process` instead, which `Worker.kill` ends.
     """
     # In-process workers stop together at teardown, when nobody is left to
     # forward to them: waiting for forwarded requests to go quiet (half a
@@ -332,13 +359,20 @@ async def start_cluster(
     workers = []
     for index in range(n):
         server: ResourcesServer = make_server()
-        worker_id = worker_ids[index] if worker_ids else f"w{index}-{os.urandom(3).hex()}"
+        stand_in = stand_in_process() if stand_ins else None
+        if stand_in is not None:
+            worker_id = f"{stand_in.pid}-{os.urandom(4).hex()}"
+        elif worker_ids:
+            worker_id = worker_ids[index]
+        else:
+            worker_id = f"w{index}-{os.urandom(3).hex()}"
         app = WorkerApp(server, settings, worker_id=worker_id)
         if app.handoff is not None:
             app.handoff.from_request = handoff_from_request
         if clock is not None:
             _use_clock(app, clock)
-        worker = Worker(app, os.path.join(base, f"public-{index}-{os.urandom(3).hex()}.sock"))
+        public_path = os.path.join(base, f"public-{index}-{os.urandom(3).hex()}.sock")
+        worker = Worker(app, public_path, stand_in)
         await worker.start()
         workers.append(worker)
     return Cluster(workers, runtime_dir, settings, clock)

@@ -1,8 +1,9 @@
 """Durable sessions (docs/design.md §3.14) with in-process workers sharing a real runtime directory.
 
-Workers get ids naming processes that have exited (`dead_worker_id`), so once
+Workers get ids naming real stand-in processes (`stand_in_process`), so once
 one is killed (`Worker.kill`: its private socket refuses, its memory stays
-unreachable) the others can tell it is gone, as with a SIGKILLed process. The
+unreachable, its stand-in is killed) the others can tell it is gone, as with a
+SIGKILLed process, and until then it is alive to them. The
 takeover race itself runs in real processes racing on one claim file.
 """
 
@@ -76,8 +77,7 @@ def durable(start_clusters):
     async def make(make_server: Any = counter_server, n: int = 3, **kw: Any) -> Cluster:
         kw.setdefault("session_close_retry_window_seconds", WINDOW)
         kw.setdefault("durable_sessions", True)
-        ids = [dead_worker_id() for _ in range(n)]
-        return await start_clusters(make_server, n, worker_ids=ids, **kw)
+        return await start_clusters(make_server, n, stand_ins=True, **kw)
 
     return make
 
