@@ -10,6 +10,10 @@ Each attack runs against a fresh 4-worker counter server of each commit
 - ``body``: ``POST /reset`` with a 16 MiB body ``[{},{},...]`` (5.6 million objects);
 - ``3 bodies``: three such bodies at once, on three connections the same worker
   accepted (the worst case for one worker's memory);
+- ``3 int arrays``, ``3 strings``, ``3 batches``, ``3 binary``: three 16 MiB
+  bodies at once on one worker, of other kinds: a ``/step`` action of small
+  ints, a ``/reset`` whose task text is one long string, a ``/step_batch`` of
+  many entries, a ``/step`` in the binary values encoding (one noise blob);
 - ``6 bodies, idle``: six such bodies one after another (never more than one in
   flight), each on its own connection to the same worker, each connection
   then left open and idle (clients may keep a connection 120 s).
@@ -46,6 +50,8 @@ import _common
 from _common import connections_by_worker, markdown_table, port_of
 
 from envs.counter_load import client_session, make_episodes, play
+from gym_sessions.spaces.binary import frame
+from gym_sessions.value_messages import BINARY_MEDIA_TYPE
 
 TARGET = "envs.counter:CounterEnv"
 WORKERS = 4
@@ -53,7 +59,16 @@ MIB = 1024 * 1024
 CHUNK = 256 * 1024
 CALIBRATION_EPISODES = 20
 # Attacks on several connections that one worker accepted: how many.
-SAME_WORKER = {"3-bodies": 3, "6-bodies-idle": 6}
+SAME_WORKER = {
+    "3-bodies": 3,
+    "6-bodies-idle": 6,
+    "3-int-arrays": 3,
+    "3-strings": 3,
+    "3-batches": 3,
+    "3-binary": 3,
+}
+# What each body attack sends: its route, content type and body of 16 MiB.
+BODY_ATTACKS = {"body", *SAME_WORKER}
 SEQUENTIAL = {"6-bodies-idle"}
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -77,6 +92,23 @@ def _json_array_body(size: int) -> bytes:
     return body + b" " * (size - len(body))  # whitespace pads to the exact size
 
 
+def _body_attack(kind: str, size: int) -> tuple[bytes, bytes, bytes]:
+    """Route, content type and body (about ``size`` bytes) of a body attack."""
+    if kind == "3-int-arrays":  # an action of small ints, as a MultiDiscrete one
+        return b"/step", b"application/json", b'{"action": [' + b"1," * (size // 2 - 8) + b"1]}"
+    if kind == "3-strings":  # task text
+        return b"/reset", b"application/json", b'{"options": {"text": "' + b"x" * size + b'"}}'
+    if kind == "3-batches":
+        entry = b'{"session_id": "0123456789abcdef0123456789abcdef", "action": 1},'
+        entries = entry * (size // len(entry) - 1) + entry[:-1]
+        return b"/step_batch", b"application/json", b'{"entries": [' + entries + b"]}"
+    if kind == "3-binary":  # a frame whose one blob is noise
+        head = b'{"action": {"tree": {"buffer": 0, "dtype": "|u1", "shape": [%d]}}}' % size
+        blob = os.urandom(size)
+        return b"/step", BINARY_MEDIA_TYPE.encode(), frame(head, [blob])
+    return b"/reset", b"application/json", _json_array_body(size)
+
+
 def attack_chunks(kind: str) -> tuple[Iterator[bytes], int]:
     """The bytes an attack sends (as chunks) and their total."""
     if kind == "header-value":
@@ -88,11 +120,12 @@ def attack_chunks(kind: str) -> tuple[Iterator[bytes], int]:
     if kind == "url":
         tail = b" HTTP/1.1\r\nHost: x\r\n\r\n"
         return _filled(b"GET /health?", b"q", 64 * MIB, tail), 12 + 64 * MIB + len(tail)
-    if kind in ("body", *SAME_WORKER):
-        body = _json_array_body(16 * MIB)
-        head = (
-            b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)
+    if kind in BODY_ATTACKS:
+        path, content_type, body = _body_attack(kind, 16 * MIB)
+        head = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n" % (
+            path,
+            content_type,
+            len(body),
         )
         view = memoryview(body)
         chunks = [head] + [bytes(view[i : i + CHUNK]) for i in range(0, len(body), CHUNK)]

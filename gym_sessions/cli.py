@@ -368,10 +368,11 @@ def _parser() -> argparse.ArgumentParser:
     limits.add_argument(
         "--max-inflight-body-bytes",
         type=int,
-        default=32 * 1024 * 1024,
+        default=256 * 1024 * 1024,
         metavar="BYTES",
-        help="request-body bytes one worker holds at once; beyond, a body waits up to 2 s, then "
-        "503 overloaded (default 32 MiB)",
+        help="memory request bodies may take on one worker at once, their bytes and (bounded "
+        "from above) what parsing them takes; beyond, a body waits up to 2 s, then 503 "
+        "overloaded, and one that could never fit gets 413 (default 256 MiB)",
     )
     limits.add_argument(
         "--header-timeout",

@@ -59,11 +59,13 @@ class Settings:
         routes_sessions_to_holder: Route each request to the worker that holds its
             session (only matters with several workers).
         checkpoint_session_starts: Paths (without rollout prefix) that start a session.
-        max_body_bytes: Larger request bodies get 413. 16 MiB: parsing JSON
-            takes up to ~25 times a body's size (docs/operating/limits.md).
-        max_inflight_body_bytes: Bytes of request bodies one worker holds at
-            once (from the first byte to the reply); a body that does not fit
-            waits up to 2 s, then gets 503 ``overloaded``.
+        max_body_bytes: Larger request bodies get 413.
+        max_inflight_body_bytes: Memory request bodies may take on one worker
+            at once, from the first byte to the reply: their bytes, and, once
+            read, an upper bound of what parsing them takes (2-25 times their
+            size for JSON; docs/operating/limits.md). A body that does not fit
+            waits up to 2 s, then gets 503 ``overloaded``; one that could never
+            fit gets 413.
         max_header_bytes: A request head (request line and headers) larger than
             this gets 431 as soon as it crosses the limit, and its connection closes.
         graceful_timeout: On SIGTERM/SIGINT, how long requests already received
@@ -152,7 +154,7 @@ class Settings:
     routes_sessions_to_holder: bool = True
     checkpoint_session_starts: tuple[str, ...] = ("/seed_session", "/reset")
     max_body_bytes: int = 16 * _MIB
-    max_inflight_body_bytes: int = 32 * _MIB
+    max_inflight_body_bytes: int = 256 * _MIB
     max_header_bytes: int = 64 * 1024
     header_timeout: float = 30.0
     graceful_timeout: float = 30.0

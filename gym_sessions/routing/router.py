@@ -51,7 +51,7 @@ from gym_sessions.errors import (
     SessionGoneError,
     unexpected_error,
 )
-from gym_sessions.routing.body_budget import BodyBudget, BodyTicket
+from gym_sessions.routing.body_budget import BodyBudget, BodyTicket, body_cost
 from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone, hop_error
@@ -233,8 +233,8 @@ class SessionRouter:
             reaches it (see `SessionAccess`).
         worker_ids: Lists every worker a full worker may hand a session start
             to (``--max-sessions``).
-        body_budget: Bytes of request bodies this worker holds at once
-            (``--max-inflight-body-bytes``).
+        body_budget: Memory request bodies may take on this worker at once,
+            their parse included (``--max-inflight-body-bytes``).
         runs_to_completion: Paths whose handler is not cancelled when its client
             disconnects (they change a session's lifetime); every other
             handler, and every forward, is.
@@ -347,6 +347,8 @@ class SessionRouter:
             body = await _read_body(
                 receive, declared, self.max_body_bytes, self.body_read_timeout_seconds, ticket, task
             )
+            # Before anything parses it, the memory its parse may take (413 or 503 if it cannot).
+            await ticket.cover(body_cost(body))
             if signed_digest is not None:
                 assert self.forward_signer is not None  # the head was checked by it
                 self.forward_signer.verify_body(signed_digest, body)
