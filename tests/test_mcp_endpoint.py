@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import gym_sessions
 from envs.counter import CounterEnv
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.server.env_server import GymEnvServer
@@ -148,7 +149,7 @@ async def test_initialize_echoes_a_known_protocol_version(peer):
     assert result(reply) == {
         "protocolVersion": "2025-03-26",
         "capabilities": {"tools": {"listChanged": False}},
-        "serverInfo": {"name": "GymEnvServer", "version": "gym-sessions"},
+        "serverInfo": {"name": "GymEnvServer", "version": gym_sessions.__version__},
         "instructions": "Tool calls need the X-Gym-Session-Token header from a session start.",
     }
 

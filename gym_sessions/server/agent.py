@@ -10,7 +10,7 @@ Agent sessions keep per-session state across requests (conversation, memory).
 ``POST /v1/agent_sessions`` seeds it through `seed_agent_session`;
 ``POST /v1/agent_sessions/close`` runs `close_agent_session` and answers a
 close receipt, kept for the window so a retried close gets the same one. The
-agent decides when its claims end (DESIGN 3.6):
+agent decides when its claims end (docs/design.md §3.6):
 
 - a seed that creates nothing releases its claim when it returns;
 - state that cannot be registered is released with the close hook and the

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gym_sessions import strict_json
+from gym_sessions import __version__, strict_json
 from gym_sessions.errors import (
     HTTPError,
     InvalidRequestError,
@@ -140,7 +140,7 @@ class McpEndpoint:
         return {
             "protocolVersion": asked if asked in _PROTOCOL_VERSIONS else _PROTOCOL_VERSIONS[0],
             "capabilities": {"tools": {"listChanged": False}},
-            "serverInfo": {"name": self._name, "version": "gym-sessions"},
+            "serverInfo": {"name": self._name, "version": __version__},
             "instructions": (
                 f"Tool calls need the {SESSION_TOKEN_HEADER_NAME} header from a session start."
             ),

@@ -3,7 +3,7 @@
 Each case sends one malformed request (non-JSON, wrong types, missing or unknown
 fields, actions outside the space, huge numbers, NaN/Infinity, bad cookies and
 tokens, odd session ids, unknown routes and methods) and checks the exact
-status and error code of DESIGN 3.7 (for MCP: the JSON-RPC error), that a
+status and error code of docs/design.md §3.7 (for MCP: the JSON-RPC error), that a
 session the request names is unharmed, and that a healthy episode run alongside
 it on the same server still scores 1.0. Per server the last test checks that
 no worker died: the set of worker ids answering ``/health`` is unchanged.
