@@ -47,6 +47,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-logo
+	$(BIN)/vulture
 	$(MAKE) docs
 
 # The docs site (mkdocs.yml): --strict fails on a broken link or anchor, a page left out
