@@ -15,8 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gym_sessions.client import RolloutRecords, load_jsonl, save_jsonl, to_dataframe
-from gym_sessions.client.records import RECORDS_FORMAT
+from gym_sessions.client import (
+    RolloutRecords,
+    load_binary,
+    load_jsonl,
+    save_binary,
+    save_jsonl,
+    to_dataframe,
+)
+from gym_sessions.client.records import BINARY_MAGIC, RECORDS_FORMAT
 from tests.test_spaces import SPACES, assert_same_space, assert_same_value
 
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
@@ -43,6 +50,19 @@ def step_record(episode: int, observation: Any, action: Any, reward: float) -> d
     }
 
 
+def _saved_and_loaded(records: RolloutRecords, binary: bool) -> RolloutRecords:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "records"
+        if binary:
+            records.save_binary(path)
+            return load_binary(path)
+        records.save_jsonl(path)
+        for line in path.read_text().splitlines():
+            json.loads(line, parse_constant=pytest.fail)  # strict JSON, no NaN literals
+        return load_jsonl(path)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["jsonl", "binary"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     observation_name=st.sampled_from(sorted(SPACES)),
@@ -51,7 +71,9 @@ def step_record(episode: int, observation: Any, action: Any, reward: float) -> d
     rewards=st.lists(floats, min_size=0, max_size=4),
     worker=workers,
 )
-def test_step_records_round_trip_exactly(observation_name, action_name, seed, rewards, worker):
+def test_step_records_round_trip_exactly(
+    binary, observation_name, action_name, seed, rewards, worker
+):
     observation_space, action_space = SPACES[observation_name], SPACES[action_name]
     observation_space.seed(seed)
     action_space.seed(seed + 1)
@@ -66,12 +88,7 @@ def test_step_records_round_trip_exactly(observation_name, action_name, seed, re
         observation_space=observation_space,
         action_space=action_space,
     )
-    with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "records.jsonl"
-        records.save_jsonl(path)
-        for line in path.read_text().splitlines():
-            json.loads(line, parse_constant=pytest.fail)  # strict JSON, no NaN literals
-        loaded = load_jsonl(path)
+    loaded = _saved_and_loaded(records, binary)
     assert_same_space(loaded.observation_space, observation_space)
     assert_same_space(loaded.action_space, action_space)
     assert len(loaded) == len(records)
@@ -131,6 +148,55 @@ def test_the_file_is_a_header_then_one_record_per_line(tmp_path):
     loaded = load_jsonl(path)
     assert loaded[0]["observation"].dtype == np.float32
     assert loaded[0]["action"] == 1 and isinstance(loaded[0]["action"], np.int64)
+
+
+def test_a_binary_file_holds_each_frame_as_its_bytes(tmp_path):
+    frames = gym.spaces.Box(0, 255, (210, 160, 3), np.uint8)
+    frames.seed(0)
+    records = RolloutRecords(
+        [step_record(i, frames.sample(), np.int64(i % 6), 0.0) for i in range(20)],
+        observation_space=frames,
+        action_space=gym.spaces.Discrete(6),
+    )
+    save_binary(records, tmp_path / "pong.records")
+    save_jsonl(records, tmp_path / "pong.jsonl")
+    raw = 20 * 210 * 160 * 3
+    binary, text = (
+        (tmp_path / "pong.records").stat().st_size,
+        (tmp_path / "pong.jsonl").stat().st_size,
+    )
+    assert raw < binary < raw + 20 * 512  # the frames' bytes and a small head each
+    assert text > 3 * raw
+    loaded = load_binary(tmp_path / "pong.records")
+    assert len(loaded) == len(records)
+    for got, want in zip(loaded, records, strict=True):
+        assert np.array_equal(got["observation"], want["observation"])
+    observation = loaded[3]["observation"]
+    assert observation.dtype == np.uint8 and observation.flags.writeable
+    assert observation.ctypes.data % 8 == 0  # aligned in the file's buffer
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data: b"not a records file" + data, "not a binary records file"),
+        (lambda data: data[:-9], "truncated"),
+        (lambda data: data[:12], "truncated"),
+        (lambda data: data[: len(BINARY_MAGIC)], "no records header"),
+    ],
+    ids=["no-magic", "cut-in-a-frame", "cut-in-a-length", "magic-only"],
+)
+def test_a_damaged_binary_file_is_refused_with_where(tmp_path, damage, message):
+    records = RolloutRecords(
+        [step_record(0, np.zeros(4, dtype=np.float32), np.int64(1), 1.0)],
+        observation_space=CARTPOLE_OBS,
+        action_space=gym.spaces.Discrete(2),
+    )
+    path = tmp_path / "r.records"
+    save_binary(records, path)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError, match=message):
+        load_binary(path)
 
 
 def test_numpy_values_without_a_space_are_refused_with_the_fix(tmp_path):

@@ -1,4 +1,4 @@
-"""Rollout records to and from JSONL files, and into pandas DataFrames.
+"""Rollout records to and from files (JSONL, or binary for large arrays), and into DataFrames.
 
 A record is one dict: a step of `run_episodes` (``episode``, ``step``,
 ``env_index``, ``worker``, ``observation``, ``action``, ``reward``,
@@ -22,28 +22,56 @@ info dicts travel (`to_jsonable`: numpy scalars to Python, arrays to lists,
 non-finite floats to ``"inf"``/``"-inf"``/``"nan"``), and the real-valued
 ``reward`` and ``episode_return`` load back as floats, non-finite ones included.
 
+For image observations a JSON list per frame costs several times the frame's
+bytes and much more time; `save_binary` writes the same records with every
+array as its raw bytes instead, in §3.15's frames (docs/design.md): an
+8-byte magic, then frames, each preceded by its length as a little-endian
+unsigned 64-bit integer and padded with zero bytes to a multiple of 8 (so
+each blob stays 8-aligned in the file)::
+
+    b"GSREC\x00\x00\x01"
+    <u64 length> <frame: head = the JSONL header plus "encoding": "binary">
+    <u64 length> <frame: head = one record, each observation or action
+                  {"tree": T, "buffers": [0, 1, ...]} as in value messages,
+                  blobs = that record's arrays>
+    ...
+
+`load_binary` reads the file once and gives arrays that are views of that one
+buffer (writable), bit-exact for every space of the codec.
+
 pandas is imported only by `to_dataframe` (``pip install 'gym-sessions[pandas]'``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gymnasium.spaces import Space
 
 from gym_sessions.spaces import space_from_json, space_to_json, value_from_json, value_to_json
 from gym_sessions.spaces._arrays import NONFINITE
+from gym_sessions.spaces.binary import Buffer, frame, unframe, value_from_tree, value_to_tree
 from gym_sessions.spaces.values import to_jsonable
 from gym_sessions.strict_json import loads
 
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["RECORDS_FORMAT", "RolloutRecords", "load_jsonl", "save_jsonl", "to_dataframe"]
+__all__ = [
+    "RECORDS_FORMAT",
+    "RolloutRecords",
+    "load_binary",
+    "load_jsonl",
+    "save_binary",
+    "save_jsonl",
+    "to_dataframe",
+]
 
 #: The header's ``format``; a file whose first line lacks it holds records only.
 RECORDS_FORMAT = "gym-sessions/records"
@@ -55,6 +83,10 @@ _SPACE_FIELDS = ("observation", "action")
 _REAL_FIELDS = frozenset({"reward", "episode_return"})
 
 PathLike = str | os.PathLike[str]
+
+#: The first bytes of a `save_binary` file.
+BINARY_MAGIC = b"GSREC\x00\x00\x01"
+_LENGTH = struct.Struct("<Q")
 
 
 class RolloutRecords(list[dict[str, Any]]):
@@ -90,6 +122,15 @@ class RolloutRecords(list[dict[str, Any]]):
     def save_jsonl(self, path: PathLike) -> None:
         """Write these records to ``path`` (see `save_jsonl`)."""
         save_jsonl(self, path)
+
+    def save_binary(self, path: PathLike) -> None:
+        """Write these records to ``path``, arrays as raw bytes (see `save_binary`)."""
+        save_binary(self, path)
+
+    @classmethod
+    def load_binary(cls, path: PathLike) -> RolloutRecords:
+        """Read records written by `save_binary` (see `load_binary`)."""
+        return load_binary(path)
 
     @classmethod
     def load_jsonl(cls, path: PathLike) -> RolloutRecords:
@@ -128,13 +169,17 @@ def _is_plain_json(value: Any) -> bool:
 
 
 def _encode_record(
-    record: Mapping[str, Any], spaces: Mapping[str, Space[Any] | None], line: int
+    record: Mapping[str, Any],
+    spaces: Mapping[str, Space[Any] | None],
+    line: int,
+    encode: Callable[[Space[Any], Any], Any] = value_to_json,
 ) -> dict[str, Any]:
+    """A record as JSON data: its space fields through ``encode``, the rest as info dicts."""
     out: dict[str, Any] = {}
     for key, value in record.items():
         space = spaces.get(key)
         if space is not None:
-            out[key] = value_to_json(space, value)
+            out[key] = encode(space, value)
         elif key in _SPACE_FIELDS and not _is_plain_json(value):
             # to_jsonable would write it, but it would load back as lists, not as
             # the arrays (with their dtypes) that were saved.
@@ -177,14 +222,7 @@ def save_jsonl(
         SpaceCodecError: A value does not fit its space.
     """
     spaces = _spaces_of(records, observation_space, action_space)
-    header = {
-        "format": RECORDS_FORMAT,
-        "version": RECORDS_VERSION,
-        **{
-            f"{key}_space": None if space is None else space_to_json(space)
-            for key, space in spaces.items()
-        },
-    }
+    header = _header(spaces)
     # Encode everything before opening the file, so a bad record leaves no half file.
     lines = [header] + [
         _encode_record(record, spaces, number) for number, record in enumerate(records)
@@ -194,8 +232,34 @@ def save_jsonl(
             file.write(json.dumps(data, allow_nan=False, separators=(",", ":")) + "\n")
 
 
+def _header(spaces: Mapping[str, Space[Any] | None], **extra: Any) -> dict[str, Any]:
+    return {
+        "format": RECORDS_FORMAT,
+        "version": RECORDS_VERSION,
+        **extra,
+        **{
+            f"{key}_space": None if space is None else space_to_json(space)
+            for key, space in spaces.items()
+        },
+    }
+
+
+def _read_header(data: Any, where: str) -> dict[str, Space[Any] | None]:
+    """The spaces a header names; raises `ValueError` for an unknown version."""
+    if data.get("version") != RECORDS_VERSION:
+        raise ValueError(f"{where}: unknown records version {data.get('version')!r}")
+    spaces: dict[str, Space[Any] | None] = {}
+    for key in _SPACE_FIELDS:
+        description = data.get(f"{key}_space")
+        spaces[key] = None if description is None else space_from_json(description)
+    return spaces
+
+
 def _decode_record(
-    data: Any, spaces: Mapping[str, Space[Any] | None], where: str
+    data: Any,
+    spaces: Mapping[str, Space[Any] | None],
+    where: str,
+    decode: Callable[[Space[Any], Any], Any] = value_from_json,
 ) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: a record must be a JSON object, got {type(data).__name__}")
@@ -203,7 +267,7 @@ def _decode_record(
     for key, value in data.items():
         space = spaces.get(key)
         if space is not None:
-            value = value_from_json(space, value)
+            value = decode(space, value)
         elif key in _REAL_FIELDS and isinstance(value, str) and value in NONFINITE:
             value = NONFINITE[value]
         record[key] = value
@@ -245,13 +309,130 @@ def load_jsonl(path: PathLike) -> RolloutRecords:
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from exc
             if not records and isinstance(data, dict) and data.get("format") == RECORDS_FORMAT:
-                if data.get("version") != RECORDS_VERSION:
-                    raise ValueError(f"{where}: unknown records version {data.get('version')!r}")
-                for key in spaces:
-                    description = data.get(f"{key}_space")
-                    spaces[key] = None if description is None else space_from_json(description)
+                spaces = _read_header(data, where)
                 continue
             records.append(_decode_record(data, spaces, where))
+    return RolloutRecords(
+        records, observation_space=spaces["observation"], action_space=spaces["action"]
+    )
+
+
+def save_binary(
+    records: Iterable[Mapping[str, Any]],
+    path: PathLike,
+    *,
+    observation_space: Space[Any] | None = None,
+    action_space: Space[Any] | None = None,
+) -> None:
+    """Write records to a binary file: as `save_jsonl`, with arrays as their raw bytes.
+
+    For observations that are images (or any large arrays): a JSONL line
+    writes each number as text, several times a frame's bytes; here a frame
+    costs its bytes and a few dozen more (the layout is in the module's
+    docstring). Every field that is not an observation or an action is
+    written as `save_jsonl` writes it.
+
+    Example:
+        >>> records = run_episodes(url, policy, episodes=4)  # a Pong server
+        >>> save_binary(records, "pong.records")
+        >>> load_binary("pong.records")[0]["observation"].shape
+        (210, 160, 3)
+
+    Args:
+        records: Dicts, e.g. what `run_episodes` returns.
+        path: The file to write (replaced if it exists).
+        observation_space: As for `save_jsonl`.
+        action_space: As for `save_jsonl`.
+
+    Raises:
+        ValueError: An ``observation`` or ``action`` holds numpy data but no
+            space is known for it.
+        SpaceCodecError: A value does not fit its space.
+    """
+    spaces = _spaces_of(records, observation_space, action_space)
+    frames = [frame(_json_bytes(_header(spaces, encoding="binary")), [])]
+    for number, record in enumerate(records):
+        blobs: list[Buffer] = []
+        encode = functools.partial(_value_to_blobs, blobs)
+        frames.append(frame(_json_bytes(_encode_record(record, spaces, number, encode)), blobs))
+    # Everything is encoded before the file opens, so a bad record leaves no half file.
+    with open(path, "wb") as file:
+        file.write(BINARY_MAGIC)
+        for data in frames:
+            file.write(_LENGTH.pack(len(data)))
+            file.write(data)
+            file.write(bytes(-len(data) & 7))
+
+
+def _value_to_blobs(blobs: list[Buffer], space: Space[Any], value: Any) -> dict[str, Any]:
+    """A space value as ``{tree, buffers}``, its arrays appended to ``blobs``."""
+    tree, buffers = value_to_tree(space, value)
+    first = len(blobs)
+    blobs.extend(buffers)
+    return {"tree": tree, "buffers": list(range(first, len(blobs)))}
+
+
+def _value_from_blobs(blobs: list[memoryview], where: str, space: Space[Any], value: Any) -> Any:
+    """The space value a ``{tree, buffers}`` names (`_value_to_blobs`)."""
+    if not isinstance(value, dict) or value.keys() != {"tree", "buffers"}:
+        raise ValueError(f"{where}: a value must be {{tree, buffers}}")
+    indices = value["buffers"]
+    if not isinstance(indices, list) or not all(
+        type(i) is int and 0 <= i < len(blobs) for i in indices
+    ):
+        raise ValueError(f"{where}: buffers must name blobs of the frame")
+    return value_from_tree(space, value["tree"], [blobs[i] for i in indices])
+
+
+def _json_bytes(data: Any) -> bytes:
+    return json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _frames(data: memoryview, where: str) -> Iterator[tuple[int, memoryview]]:
+    """The frames of a `save_binary` file's bytes, each with its offset."""
+    if data[: len(BINARY_MAGIC)] != BINARY_MAGIC:
+        raise ValueError(f"{where}: not a binary records file (it does not start with the magic)")
+    offset = len(BINARY_MAGIC)
+    while offset < len(data):
+        if offset + _LENGTH.size > len(data):
+            raise ValueError(f"{where}: truncated at byte {offset}")
+        (length,) = _LENGTH.unpack_from(data, offset)
+        start = offset + _LENGTH.size
+        if start + length > len(data):
+            raise ValueError(f"{where}: truncated frame at byte {offset}")
+        yield offset, data[start : start + length]
+        offset = start + length + (-length & 7)
+
+
+def load_binary(path: PathLike) -> RolloutRecords:
+    """Read a file `save_binary` wrote: the records, bit-exact, with their spaces.
+
+    The file is read into one buffer; every array of the records is a
+    writable view of it (no copy per array), so keeping one array keeps the
+    whole buffer: ``array.copy()`` one to keep it alone.
+
+    Raises:
+        ValueError: The file is not such a file, is truncated, its header's
+            version is unknown, or a value does not fit its space
+            (`SpaceCodecError`).
+    """
+    with open(path, "rb") as file:
+        data = memoryview(bytearray(file.read()))
+    name = os.fspath(path)
+    spaces: dict[str, Space[Any] | None] | None = None
+    records: list[dict[str, Any]] = []
+    for offset, data_frame in _frames(data, name):
+        where = f"{name}@{offset}"
+        head, blobs = unframe(data_frame, where)
+        if spaces is None:
+            if not isinstance(head, dict) or head.get("format") != RECORDS_FORMAT:
+                raise ValueError(f"{where}: the first frame is not a records header")
+            spaces = _read_header(head, where)
+            continue
+        decode = functools.partial(_value_from_blobs, blobs, where)
+        records.append(_decode_record(head, spaces, where, decode))
+    if spaces is None:
+        raise ValueError(f"{name}: no records header")
     return RolloutRecords(
         records, observation_space=spaces["observation"], action_space=spaces["action"]
     )
