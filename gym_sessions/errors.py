@@ -105,6 +105,7 @@ __all__ = [
     "jsonrpc_error_body",
     "out_of_resources",
     "unexpected_error",
+    "unreadable_reply_error",
 ]
 
 
@@ -440,6 +441,17 @@ def error_from_body(
     error = cls(message)
     if error.status != status:
         error.status = status  # type: ignore[misc]
+    return error
+
+
+def unreadable_reply_error(status: int, reason: str, *, url: str, what: str) -> HTTPError:
+    """The exception for a reply whose bytes this client cannot read (an encoding, say).
+
+    ``HTTPError`` with the reply's status and code ``unexpected_reply``, as
+    `foreign_reply_error` gives.
+    """
+    error = HTTPError(f"{what} to {url}: HTTP {status} reply that cannot be read: {reason}")
+    error.status, error.code = status, "unexpected_reply"  # type: ignore[misc]
     return error
 
 

@@ -178,7 +178,10 @@ class AsyncHTTPClient(HTTPClientBase):
             async with self._pool.request(
                 exchange.method, url, data=exchange.payload or None, headers=exchange.headers
             ) as response:
-                return response.status, list(response.headers.items()), await response.read()
+                headers = list(response.headers.items())
+                if self._pool.auto_decompress:  # its body comes decoded: say so
+                    headers = [(k, v) for k, v in headers if k.lower() != "content-encoding"]
+                return response.status, headers, await response.read()
 
     async def close(self) -> None:
         """Close the connection (a later request opens a new one)."""

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from gym_sessions import compression
 from gym_sessions.client.tls import default_context
 from gym_sessions.errors import (
     ConnectionLostError,
@@ -52,8 +53,12 @@ from gym_sessions.errors import (
     ServerUnreachableError,
     error_from_body,
     foreign_reply_error,
+    unreadable_reply_error,
 )
 from gym_sessions.wire import SESSION_COOKIE
+
+#: The most bytes a compressed reply may hold: a zstd reply cannot grow past it.
+MAX_DECOMPRESSED_REPLY = 256 * 1024 * 1024
 
 __all__ = [
     "EncodedBody",
@@ -188,6 +193,10 @@ class HTTPClientBase:
         ssl_context: TLS settings of an ``https://`` URL (the system's default
             by default: `gym_sessions.client.tls`); unused for ``http://``.
 
+    Binary replies come zstd-compressed when the host is not loopback
+    (``Accept-Encoding: zstd``: `gym_sessions.compression`); an
+    ``Accept-Encoding`` in ``headers`` decides instead (``identity``: never).
+
     Raises:
         ValueError: a bad URL, or a header the client sets itself.
     """
@@ -221,6 +230,11 @@ class HTTPClientBase:
         self.cookie: str | None = None
         #: The caller's extra headers, sent with every request.
         self.headers = _checked_headers(headers)
+        self._accept_zstd = (
+            compression.available()
+            and not compression.is_loopback(self._host)
+            and not any(name.lower() == "accept-encoding" for name in self.headers)
+        )
 
     def exchange(self, request: Request) -> Exchange:
         """The exchange of ``request``: what to send, and what each outcome means."""
@@ -229,6 +243,8 @@ class HTTPClientBase:
         headers = {name: value for name, value in self.headers.items() if name.lower() != "cookie"}
         if not any(name.lower() == "accept" for name in headers):
             headers["Accept"] = "application/json"
+        if self._accept_zstd:
+            headers["Accept-Encoding"] = compression.ENCODING
         payload = b""
         if isinstance(request.body, EncodedBody):
             payload = request.body.data
@@ -287,7 +303,18 @@ class Exchange:
         url, what = self.client.url, self.request.describe()
         if status >= 400:
             raise error_from_body(status, body, url=url, what=what)
-        reply = Reply(status, {name.lower(): value for name, value in headers}, body)
+        reply_headers = {name.lower(): value for name, value in headers}
+        encoding = reply_headers.get("content-encoding", "identity").strip().lower()
+        if encoding == compression.ENCODING and compression.available():
+            try:
+                body = compression.decompress(body, MAX_DECOMPRESSED_REPLY)
+            except ValueError as exc:
+                raise unreadable_reply_error(status, str(exc), url=url, what=what) from exc
+            del reply_headers["content-encoding"]
+        elif encoding != "identity":
+            reason = f"Content-Encoding {encoding!r}, which this client did not ask for"
+            raise unreadable_reply_error(status, reason, url=url, what=what)
+        reply = Reply(status, reply_headers, body)
         if reply.headers.get("content-type", "").startswith("text/html"):
             raise foreign_reply_error(status, body, url=url, what=what)  # never a reply of ours
         return reply

@@ -72,6 +72,7 @@ from gym_sessions.runtime_dir import (
     worker_process_exists,
 )
 from gym_sessions.server.base import SessionServer
+from gym_sessions.server.reply_compression import CompressedReplies
 from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.server.route_table import RouteTable
 from gym_sessions.settings import Settings
@@ -296,11 +297,12 @@ class WorkerApp(SupervisedApp):
                 record_step=lambda seconds: _record_step(server, seconds),
                 handoff=self.router.handoff,
             )
-        # Outermost: /metrics and the request counts, around the routing rule.
-        self._entry: ASGIApp = self.router
+        # Outermost: /metrics and the request counts, around the routing rule;
+        # inside them, the compression of binary replies for the client.
+        self._entry: ASGIApp = CompressedReplies(self.router)
         if self.metrics is not None:
             self._entry = MetricsMiddleware(
-                self.router, self.metrics, MetricsAccess(settings.metrics_token)
+                self._entry, self.metrics, MetricsAccess(settings.metrics_token)
             )
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None

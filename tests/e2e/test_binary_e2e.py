@@ -27,7 +27,7 @@ from gym_sessions.client.protocol import (
 )
 from gym_sessions.client.remote_env import RemoteEnv
 from gym_sessions.value_messages import BINARY_ACCEPT, BINARY_MEDIA_TYPE
-from tests.e2e.pixel_envs import FRAME_SHAPE, PixelEnv
+from tests.e2e.pixel_envs import FRAME_SHAPE, FlatFrames, PixelEnv
 
 pytestmark = pytest.mark.e2e
 
@@ -149,3 +149,43 @@ def test_a_binary_batch_across_workers_is_bit_exact(serve):
             )
             workers.add(result["worker"])
     assert len(workers) >= 2  # the batch crossed workers
+
+
+@pytest.mark.parametrize("handoff", ["on", "off"])
+def test_compressed_frames_across_workers_are_exact_and_compressed_once(serve, handoff):
+    # Frames as Atari's compress about 500 times; with zstd asked for (as a
+    # client beyond loopback asks), every request on a new connection so most
+    # reach a worker that does not hold the session (handed over, or hopped),
+    # each reply comes compressed once and decodes to the local env's frame.
+    server = serve(
+        "tests.e2e.pixel_envs:FlatFrames",
+        "--handoff",
+        handoff,
+        "--debug-worker-header",
+        workers=4,
+    )
+    remote = RemoteEnv(server.url, keep_alive=False, headers={"Accept-Encoding": "zstd"})
+    local = FlatFrames()
+    try:
+        np.testing.assert_array_equal(remote.reset(seed=3)[0], local.reset(seed=3)[0])
+        for action in [1, 3, 0, 2] * 3:
+            got, want = remote.step(action), local.step(action)
+            np.testing.assert_array_equal(got[0], want[0])
+            assert got[1:] == want[1:]
+        cookie = f"gym_session={remote._http.cookie}"
+        elsewhere = 0  # replies from a worker other than the one that accepted
+        for _ in range(8):
+            status, headers, body = post(
+                server.url,
+                "/observe",
+                b"{}",
+                {"Cookie": cookie, "Accept": BINARY_ACCEPT, "Accept-Encoding": "zstd"},
+            )
+            assert status == 200 and headers["content-encoding"] == "zstd"
+            assert len(body) < 2000  # the 100,800-byte frame and its head
+            names = {name.lower() for name in headers}
+            elsewhere += bool(names & {"x-gym-forwarded-by", "x-gym-handed-over-by"})
+    finally:
+        remote.close()
+    assert elsewhere > 0  # 8 new connections over 4 workers: all on the holder is 1 in 65,536
+    assert server.stop() == 0
