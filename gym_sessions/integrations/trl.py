@@ -34,7 +34,6 @@ import inspect
 import json
 import keyword
 import secrets
-import ssl
 import threading
 import uuid
 import weakref
@@ -45,6 +44,7 @@ from gym_sessions.client.exchange import Request
 from gym_sessions.client.http import HTTPClient
 from gym_sessions.client.lifecycle import close_at_exit, close_session_quietly
 from gym_sessions.client.protocol import close_request, session_names, start_request
+from gym_sessions.client.tls import CertOption, VerifyOption, tls_context
 from gym_sessions.errors import GymSessionsError, InvalidRequestError, ToolError
 from gym_sessions.server.mcp import MCP_PATH, SESSION_TOKEN_HEADER_NAME
 
@@ -210,7 +210,8 @@ def environment_class(
     url: str,
     *,
     headers: Mapping[str, str] | None = None,
-    ssl_context: ssl.SSLContext | None = None,
+    verify: VerifyOption = True,
+    cert: CertOption | None = None,
     timeout: float = 60.0,
     keep_alive: bool = True,
     retries: int = 1,
@@ -226,7 +227,12 @@ def environment_class(
     Args:
         url: The resources server, ``http://host:port`` or ``https://...``.
         headers: Extra headers sent with every request (an authenticating proxy's, say).
-        ssl_context: TLS settings for an ``https`` URL (the system's default by default).
+        verify: For an ``https://`` URL: check the server's certificate against
+            the system's CAs (``True``), a CA file's (a path), or not at all
+            (``False``); or an `ssl.SSLContext` of your own, as every client
+            takes it (`gym_sessions.client.tls`).
+        cert: A client certificate for an ``https://`` server or proxy that
+            asks for one: a PEM file, or a ``(certificate, key)`` pair of files.
         timeout: Seconds to wait for a connect and for each reply.
         keep_alive: One kept-alive connection per instance (the default), or a
             new connection per request.
@@ -243,8 +249,7 @@ def environment_class(
             parameter, or clashes with ``reset``/``get_reward``/``close_all``.
         GymSessionsError: the server could not be asked.
     """
-    if url.startswith("https://") and ssl_context is None:
-        ssl_context = ssl.create_default_context()
+    ssl_context = tls_context(url, verify, cert)
     options: dict[str, Any] = {
         "timeout": timeout,
         "keep_alive": keep_alive,

@@ -2,8 +2,9 @@
 
 A TLS-terminating proxy on loopback (`tests.tls.TLSProxy`, certificates made
 for the test by a throwaway CA) in front of a real 2-worker server: the
-blocking env (``gymnasium.make``), the vector env (``make_vec``), the async env
-and SB3's vec env run episodes over it with ``verify=<CA file>``; the default
+blocking env (``gymnasium.make``), the vector env (``make_vec``), the async
+env, SB3's vec env and TRL's environment class run episodes over it with
+``verify=<CA file>``; the default
 (the system's CAs) refuses the throwaway certificate and ``verify=False``
 accepts it; a proxy that asks for a client certificate refuses clients
 without ``cert=`` and admits ``cert=(certificate, key)`` and a combined PEM
@@ -24,6 +25,7 @@ import pytest
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.client import AsyncRemoteEnv, RemoteEnv
 from gym_sessions.errors import ConnectionLostError, ServerUnreachableError
+from gym_sessions.integrations.trl import environment_class
 from tests.e2e.test_client_lifecycle import live_sessions
 from tests.tls import Certificates, TLSProxy, make_certificates
 
@@ -81,7 +83,25 @@ def _async_episode(url: str, **tls) -> float:
     return asyncio.run(main())
 
 
-EPISODES = {"sync": _sync_episode, "vector": _vector_episode, "async": _async_episode}
+def _trl_episode(url: str, **tls) -> float:
+    counter = environment_class(url, **tls)
+    env = counter()
+    try:
+        assert env.reset(prompt=[], options={"initial_count": 1, "expected_count": 4}) == "1"
+        env.step(3)
+        reward = env.get_reward()
+        assert reward is not None
+        return reward
+    finally:
+        counter.close_all()
+
+
+EPISODES = {
+    "sync": _sync_episode,
+    "vector": _vector_episode,
+    "async": _async_episode,
+    "trl": _trl_episode,
+}
 
 
 @pytest.mark.parametrize("client", sorted(EPISODES))
