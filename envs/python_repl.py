@@ -424,11 +424,8 @@ class PythonReplServer(ResourcesServer):
                 f"max_interpreters = {settings.workers * self.max_interpreters}"
             )
 
-    def bind(self, *args: Any, **kwargs: Any) -> None:
-        # Passed through whole: the base class keeps what it is given; only
-        # the settings it stored are read here.
-        super().bind(*args, **kwargs)
-        self.sandbox.configure(self.settings.unsandboxed)
+    def configure(self, settings: Settings) -> None:
+        self.sandbox.configure(settings.unsandboxed)
         self.sandbox.become_reaper()
         swept = self.sandbox.sweep_abandoned()  # what a killed worker left running
         logger.info("python_repl: %s; %d abandoned uids cleaned", self.sandbox.describe(), swept)

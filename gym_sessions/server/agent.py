@@ -497,10 +497,10 @@ class AgentServer(SessionServer):
             )
         return self._http
 
-    def bind(
+    def _attach(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
     ) -> None:
-        super().bind(settings, claims, credentials)
+        super()._attach(settings, claims, credentials)
         self.env_targets = settings.env_targets()
         self.model_targets = settings.model_targets()
         claims.on_idle(self._expire_idle)

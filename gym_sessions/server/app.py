@@ -226,7 +226,8 @@ class WorkerApp(SupervisedApp):
             # Cross-host lookups cost a Redis round trip each; a file read does not.
             owner_cache=(OwnerCache() if self.redis_store is not None else None),
         )
-        server.bind(settings, self.claims, self.credentials)
+        server._attach(settings, self.claims, self.credentials)
+        server.configure(settings)
         server.unready_reason = self.unready_reason
         self.snapshots: SessionSnapshots | None = None
         if snapshot_store is not None:

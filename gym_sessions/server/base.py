@@ -58,14 +58,25 @@ class SessionServer:
     #: set by the app factory (`gym_sessions.server.app.WorkerApp.unready_reason`).
     unready_reason: Callable[[], str | None] = staticmethod(lambda: None)
 
-    def bind(
+    def _attach(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
     ) -> None:
-        """Attach the worker's settings, claims and credentials (done by the app factory)."""
+        """Attach the worker's settings, claims and credentials (the app factory's job).
+
+        The library's own server classes extend it; a server of yours reads
+        its settings in `configure` instead.
+        """
         self.settings = settings
         self.claims = claims
         self.credentials = credentials
         self._changed: set[str] = set()
+
+    def configure(self, settings: Settings) -> None:
+        """Called once in each worker before it serves: read the settings here.
+
+        Override it to set up what depends on the settings (``--unsandboxed``,
+        say); ``self.settings`` holds them too. Does nothing by default.
+        """
 
     def count_expired(self) -> None:
         """Count a session this worker closed because it idled out (``/health``, ``/metrics``)."""

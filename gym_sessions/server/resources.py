@@ -117,10 +117,10 @@ class ResourcesServer(SessionServer):
 
     closed: ClosedResourcesSessionRecords
 
-    def bind(
+    def _attach(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials
     ) -> None:
-        super().bind(settings, claims, credentials)
+        super()._attach(settings, claims, credentials)
         self.closed = ClosedResourcesSessionRecords(settings.session_close_retry_window_seconds)
         self.episodes = EpisodeBinding()
         self._starts: dict[str, _StartRecord] = {}
