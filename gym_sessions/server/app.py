@@ -43,27 +43,16 @@ from gym_sessions.metrics import (
     WorkerMetrics,
 )
 from gym_sessions.routing.body_budget import BodyBudget
-from gym_sessions.routing.claim_store import ClaimStore, FileClaimStore, LocalClaimStore
-from gym_sessions.routing.forward_signature import ForwardSigner
+from gym_sessions.routing.claim_store import LocalClaimStore
 from gym_sessions.routing.forwarder import Forwarder
-from gym_sessions.routing.handoff import Handoff, HandoffCounts
-from gym_sessions.routing.handoff_listener import HandoffListener
-from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
-from gym_sessions.routing.owner_cache import OwnerCache
-from gym_sessions.routing.placement import FileLoadBoard, LoadBoard, Placement, RedisLoadBoard
-from gym_sessions.routing.redis_claims import EntrySigner, RedisClaimStore, WorkerRegistry
-from gym_sessions.routing.redis_connection import connect_redis, connect_redis_blocking
+from gym_sessions.routing.owned_claims import OwnedClaims
+from gym_sessions.routing.placement import Placement
 from gym_sessions.routing.router import SessionRouter
 from gym_sessions.routing.session_snapshots import SessionSnapshots
 from gym_sessions.routing.snapshot_store import (
-    FileSnapshotStore,
-    RedisSnapshotStore,
     SnapshotCodec,
-    SnapshotStore,
 )
 from gym_sessions.routing.step_batch import STEP_BATCH_PATH, StepBatchRoute
-from gym_sessions.routing.stream_forwarder import StreamForwarder
-from gym_sessions.routing.worker_endpoints import TcpEndpoints, UnixEndpoints, WorkerEndpoints
 from gym_sessions.runtime_dir import (
     SERVER_MARK,
     SERVING,
@@ -71,12 +60,13 @@ from gym_sessions.runtime_dir import (
     RuntimeDirectory,
     worker_process_exists,
 )
+from gym_sessions.server.backends import backend_for
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.reply_compression import CompressedReplies
 from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.server.route_table import RouteTable
 from gym_sessions.settings import Settings
-from gym_sessions.transport.private_listener import FORWARD_HEAD_ALLOWANCE, PrivateListener
+from gym_sessions.transport.private_listener import PrivateListener
 from gym_sessions.transport.supervisor import SupervisedApp
 
 __all__ = ["WorkerApp", "create_app", "new_worker_id"]
@@ -86,26 +76,6 @@ logger = logging.getLogger("gym_sessions.server")
 # A shutting-down worker keeps its private listener until forwarded requests
 # have stopped coming for this long.
 _FORWARD_QUIET_SECONDS = 0.5
-
-
-# No credential reaches a session after this long (cookies and tokens last 14 days).
-_CREDENTIAL_SECONDS = 14 * 24 * 3600.0
-
-
-def _snapshot_lifetime(settings: Settings) -> float:
-    """How long a Redis snapshot lasts after its last write: past it, no restore can need it.
-
-    An open session idles out after ``session_idle_timeout`` (its snapshot
-    then describes a closed session); without one, no cookie or token reaches
-    it after 14 days. Plus the window and margin a claim itself outlives its
-    last request by.
-    """
-    idle = settings.session_idle_timeout or _CREDENTIAL_SECONDS
-    return (
-        min(idle, _CREDENTIAL_SECONDS)
-        + settings.session_close_retry_window_seconds
-        + (EXPIRY_MARGIN_SECONDS)
-    )
 
 
 def new_worker_id() -> str:
@@ -156,83 +126,30 @@ class WorkerApp(SupervisedApp):
         self.settings = settings
         self.worker_id = worker_id or new_worker_id()
         self.credentials = SessionCredentials(settings.secret, settings.session_cookie)
-        self.runtime_dir: RuntimeDirectory | None = None
-        self.forwarder: Forwarder | None = None
-        self.forward_signer: ForwardSigner | None = None
-        self.registry: WorkerRegistry | None = None
-        # Connection handoff (file claims only: descriptors cross no host).
-        self.handoff: Handoff | None = None
-        self.handoff_listener: HandoffListener | None = None
         self._stopping = False
-        self.redis_store: RedisClaimStore | None = None
-        store: ClaimStore = LocalClaimStore()
-        # Durable sessions need another worker to restore onto (a routed server).
-        snapshot_store: SnapshotStore | None = None
-        endpoints: WorkerEndpoints | None = None
-        window = settings.session_close_retry_window_seconds
-        if settings.routed and settings.redis_claims:
-            # Several hosts: claims and worker addresses in Redis, private
-            # listeners on TCP, forwarded requests signed with the secret.
-            self.registry = WorkerRegistry(
-                connect_redis(settings.claims),
-                self.worker_id,
-                EntrySigner(settings.secret),
-                renewal_client=connect_redis_blocking(settings.claims),
-                deadline=settings.claims_timeout,
-            )
-            store = self.redis_store = RedisClaimStore(
-                self.registry.client,
-                self.registry,
-                window + EXPIRY_MARGIN_SECONDS,
-                keep_orphans_seconds=(
-                    _snapshot_lifetime(settings) if settings.durable_sessions else 0.0
-                ),
-            )
-            self.forward_signer = ForwardSigner(settings.secret)
-            if settings.durable_sessions:
-                snapshot_store = RedisSnapshotStore(
-                    self.registry.client, settings.claims_timeout, _snapshot_lifetime(settings)
-                )
-            endpoints = TcpEndpoints(self.registry, settings.allowed_peer_networks())
-            self.forwarder = StreamForwarder(endpoints, self.forward_signer)
-        elif settings.routed:
-            if settings.runtime_dir is None:
-                raise ValueError("a routed worker needs the runtime directory of its server")
-            self.runtime_dir = RuntimeDirectory(settings.runtime_dir)
-            file_snapshots = None
-            if settings.durable_sessions:
-                snapshot_store = file_snapshots = FileSnapshotStore(self.runtime_dir.snapshots_dir)
-            store = FileClaimStore(self.runtime_dir.claims_dir, self.worker_id, file_snapshots)
-            endpoints = UnixEndpoints(self.runtime_dir)
-            self.forwarder = StreamForwarder(endpoints)
-            if settings.handoff:
-                self.handoff = Handoff(
-                    self.worker_id, self.runtime_dir.handoff_path, HandoffCounts()
-                )
-                self.handoff_listener = HandoffListener(
-                    self.runtime_dir.handoff_path(self.worker_id), self._takes_connection
-                )
-        # Others may take this worker's claims over once its registration has
-        # expired and a reader or the reaper gave them an orphan's expiry: serve
-        # them from memory only while that cannot have happened yet.
-        standing = self.redis_store.standing if self.redis_store is not None else None
+        #: What this worker shares with the others (`gym_sessions.server.backends`);
+        #: ``None`` when it does not route.
+        self.backend = backend_for(settings, self.worker_id, self._takes_connection)
+        backend = self.backend
+        self.forwarder: Forwarder | None = backend.forwarder if backend else None
+        self.handoff = backend.handoff if backend else None
+        self.handoff_listener = backend.handoff_listener if backend else None
         self.claims = OwnedClaims(
-            store,
+            backend.claim_store if backend else LocalClaimStore(),
             self.worker_id,
-            window,
-            standing=standing,
+            settings.session_close_retry_window_seconds,
+            standing=backend.standing() if backend else None,
             max_sessions=settings.max_sessions,
             idle_timeout=settings.session_idle_timeout,
-            # Cross-host lookups cost a Redis round trip each; a file read does not.
-            owner_cache=(OwnerCache() if self.redis_store is not None else None),
+            owner_cache=backend.owner_cache() if backend else None,
         )
         server._attach(settings, self.claims, self.credentials)
         server.configure(settings)
         server.unready_reason = self.unready_reason
         self.snapshots: SessionSnapshots | None = None
-        if snapshot_store is not None:
+        if backend is not None and backend.snapshot_store is not None:
             self.snapshots = server.snapshots = SessionSnapshots(
-                snapshot_store,
+                backend.snapshot_store,
                 self.claims,
                 SnapshotCodec(settings.secret),
                 server.export_session,
@@ -275,9 +192,9 @@ class WorkerApp(SupervisedApp):
             max_header_bytes=settings.max_header_bytes,
             body_read_timeout_seconds=settings.body_read_timeout_seconds,
             debug_worker_header=settings.debug_worker_header,
-            forward_signer=self.forward_signer,
+            forward_signer=backend.forward_signer if backend else None,
             trust_session_ids=settings.trust_session_ids,
-            worker_ids=endpoints.worker_ids if endpoints is not None else None,
+            worker_ids=backend.endpoints.worker_ids if backend else None,
             body_budget=BodyBudget(settings.max_inflight_body_bytes),
             runs_to_completion=server.runs_to_completion_paths,
             snapshots=self.snapshots,
@@ -366,40 +283,19 @@ class WorkerApp(SupervisedApp):
 
     async def startup(self) -> None:
         """Start the claim sweep and, when routing, the private listener (and its registration)."""
-        if self.runtime_dir is not None:
-            self._listener = PrivateListener(
-                self,
-                self.runtime_dir.socket_path(self.worker_id),
-                max_head_bytes=self.settings.max_header_bytes + FORWARD_HEAD_ALLOWANCE,
-            )
+        if self.backend is not None:
+            self._listener = self.backend.private_listener(self)
             await self._listener.start()
-            if self.handoff_listener is not None:
-                await self.handoff_listener.start()
-        elif self.registry is not None:
-            self._listener = PrivateListener(
-                self,
-                host=self.settings.private_host,
-                # A head the public listener admitted must still fit once forwarded.
-                max_head_bytes=self.settings.max_header_bytes + FORWARD_HEAD_ALLOWANCE,
-                max_connections=self.settings.private_max_connections,
-                idle_timeout=self.settings.private_idle_timeout,
-            )
-            await self._listener.start()
-            assert self._listener.address is not None
             try:
-                await self.registry.register(*self._listener.address)
+                self._background += await self.backend.start(self._listener, self._restore_claims)
             except BaseException:
                 # Unreachable Redis fails the worker's start-up, like a bad port.
                 await self._listener.stop()
                 raise
-            self._background.append(
-                asyncio.create_task(
-                    self.registry.run_heartbeat(self._restore_claims, self._reap_orphans)
-                )
-            )
         if self.settings.routed and self.settings.placement == "balanced":
             # Once this worker listens: a record names a worker starts can reach.
-            self.router.placement = Placement(self.claims, self._load_board())
+            assert self.backend is not None
+            self.router.placement = Placement(self.claims, self.backend.load_board())
             self.router.placement.publish()
         if self.coordination is not None:
             self.coordination.mark(self.worker_id, SERVING)
@@ -409,29 +305,7 @@ class WorkerApp(SupervisedApp):
         ]
         logger.debug("worker %s started", self.worker_id)
 
-    def _load_board(self) -> LoadBoard:
-        if self.registry is not None:
-            return RedisLoadBoard(
-                self.registry.client,
-                self.worker_id,
-                self.registry.key_prefix,
-                self.settings.claims_timeout,
-            )
-        assert self.runtime_dir is not None
-        return FileLoadBoard(self.runtime_dir.load_dir, self.worker_id)
-
-    async def _reap_orphans(self) -> None:
-        assert self.redis_store is not None
-        reaped = await self.redis_store.reap_orphans()
-        if reaped:
-            logger.info(
-                "worker %s: %d claims of dead workers set to expire", self.worker_id, reaped
-            )
-
     async def _restore_claims(self) -> None:
-        placement = self.router.placement
-        if placement is not None and isinstance(placement.board, RedisLoadBoard):
-            placement.board.republish()  # Redis may have lost the load records too
         lost = await self.claims.restore()
         logger.warning(
             "worker %s: its registration had lapsed; claims written again (%d taken meanwhile)",
@@ -534,10 +408,8 @@ class WorkerApp(SupervisedApp):
             # Before the listener goes: no start is placed on a worker that left.
             with contextlib.suppress(Exception):
                 await self.router.placement.close()
-        if self.registry is not None:
-            # Other workers answer 410 for this worker's sessions at once.
-            with contextlib.suppress(Exception):
-                await self.registry.unregister()
+        if self.backend is not None:
+            await self.backend.leave()  # other workers answer 410 for its sessions at once
         if self._listener is not None:
             await self._finish_forwarded_requests()
             await self._listener.stop()
@@ -547,8 +419,8 @@ class WorkerApp(SupervisedApp):
         if self.forwarder is not None:
             await self.forwarder.close()
         await self.claims.wait_for_store()
-        if self.redis_store is not None:
-            await self.redis_store.close()
+        if self.backend is not None:
+            await self.backend.close()
         # Claims stay: requests for these sessions must get 410, not empty state,
         # until the server exits and its runtime directory goes.
         self.server.release_all()

@@ -29,6 +29,7 @@ from gym_sessions.routing.claim_store import FileClaimStore
 from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.runtime_dir import RuntimeDirectory
 from gym_sessions.server.app import WorkerApp
+from gym_sessions.server.backends import RedisBackend
 from gym_sessions.server.closed_sessions import ClosedResourcesSessionRecords
 from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.settings import Settings
@@ -70,6 +71,13 @@ def dead_worker_id() -> str:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return f"{child.pid}-{os.urandom(4).hex()}"
+
+
+def redis_backend(worker: Worker) -> RedisBackend:
+    """The Redis backend of a worker of a cluster with Redis claims."""
+    backend = worker.app.backend
+    assert isinstance(backend, RedisBackend), backend
+    return backend
 
 
 def stand_in_process() -> subprocess.Popen:

@@ -35,7 +35,7 @@ from gym_sessions.routing.snapshot_store import FileSnapshotStore, Snapshot, Sna
 from gym_sessions.runtime_dir import RuntimeDirectory
 from gym_sessions.server.env_server import GymEnvServer, env_capture_method
 
-from .cluster import SECRET, Cluster, dead_worker_id, new_id, wait_until
+from .cluster import SECRET, Cluster, dead_worker_id, new_id, redis_backend, wait_until
 
 WINDOW = 5.0
 
@@ -596,7 +596,7 @@ async def test_redis_a_dead_hosts_orphaned_claims_last_as_long_as_their_snapshot
     assert (await c[0].request("POST", "/step", {"action": 2}, cookie=cookie)).status == 200
     await crash(c[0])
     c.redis().delete(registration_key(c[0]))
-    assert await c[1].app.redis_store.reap_orphans() == 1
+    assert await redis_backend(c[1]).redis_store.reap_orphans() == 1
     claim_ttl = c.redis().pttl(RedisClaimStore.key(sid))
     assert claim_ttl >= c.redis().pttl(snapshot_key(sid)) > 3600 * 1000
     step = await c[1].request("POST", "/step", {"action": 1}, cookie=cookie)
@@ -616,5 +616,5 @@ async def test_redis_without_durable_sessions_orphaned_claims_expire_after_the_w
     await start_counter(c, 0, sid)
     await crash(c[0])
     c.redis().delete(registration_key(c[0]))
-    assert await c[1].app.redis_store.reap_orphans() == 1
+    assert await redis_backend(c[1]).redis_store.reap_orphans() == 1
     assert 0 < c.redis().pttl(RedisClaimStore.key(sid)) <= (WINDOW + 10) * 1000

@@ -14,7 +14,7 @@ import pytest
 from gym_sessions.routing.keys import REGISTRATION_PREFIX, claim_name
 from gym_sessions.routing.redis_claims import EntrySigner, RedisClaimStore
 
-from .cluster import Cluster, new_id, wait_until
+from .cluster import Cluster, new_id, redis_backend, wait_until
 from .probe_server import ProbeServer
 
 
@@ -161,6 +161,6 @@ async def test_a_forged_claim_is_written_back_by_its_claimant_not_taken_for_a_ta
     assert await wait_until(lambda: c.redis().get(key) == genuine), c.redis().get(key)
     assert c.redis().pttl(key) > 0
     assert sid in c[0].app.claims
-    assert c.redis().sismember(c[0].app.redis_store.index_key, claim_name(sid))
+    assert c.redis().sismember(redis_backend(c[0]).redis_store.index_key, claim_name(sid))
     assert "altered in the claim store" in caplog.text
     assert connections == []

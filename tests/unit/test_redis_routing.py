@@ -29,7 +29,16 @@ from gym_sessions.routing.redis_connection import connect_redis
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.settings import SECRET_ENV, Settings
 
-from .cluster import SECRET, Cluster, Worker, count_call, holder_of, new_id, wait_until
+from .cluster import (
+    SECRET,
+    Cluster,
+    Worker,
+    count_call,
+    holder_of,
+    new_id,
+    redis_backend,
+    wait_until,
+)
 from .fake_clock import FakeClock
 from .probe_agent import ProbeAgent
 from .probe_server import ProbeServer
@@ -72,8 +81,7 @@ async def beat(worker: Worker) -> None:
     its claims back. ``test_a_worker_whose_registration_lapsed_is_slow_not_gone``
     waits for the real heartbeat to do the same.
     """
-    assert worker.app.registry is not None
-    await worker.app.registry.renew()
+    await redis_backend(worker).registry.renew()
     await worker.app.claims.restore()
 
 
@@ -644,7 +652,7 @@ async def test_a_worker_cut_off_from_redis_too_long_stops_serving_its_sessions(h
     reply = await start(c[0], sid)
     for task in c[0].app._background:  # its heartbeat stops ...
         task.cancel()
-    registry = c[0].app.registry
+    registry = redis_backend(c[0]).registry
     assert registry is not None and registry.registered_within(5)
     registry.last_registered -= 3600  # ... and its last registration is long past
     for worker in (c[0], c[1]):  # on the claimant itself, and forwarded to it
