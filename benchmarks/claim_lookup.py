@@ -56,8 +56,9 @@ from _common import markdown_table
 from gym_sessions.routing.claim_store import FileClaimStore
 from gym_sessions.routing.keys import claim_name
 from gym_sessions.routing.owned_claims import OwnedClaims
-from gym_sessions.routing.redis_claims import EntrySigner, RedisClaimStore, WorkerRegistry
+from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.routing.redis_connection import connect_redis
+from gym_sessions.routing.redis_registry import EntrySigner, WorkerRegistry
 from tests.services import RedisProcess, run_redis
 
 BATCH = 100

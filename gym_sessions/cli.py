@@ -135,7 +135,7 @@ def serve(
         if settings.durable_sessions:
             _report_durability(served, settings)
     if settings.redis_claims:
-        from gym_sessions.routing.redis_claims import check_redis
+        from gym_sessions.routing.redis_eviction import check_redis
 
         check_redis(settings.claims)
     sock = _bind(settings.host, settings.port)

@@ -21,7 +21,7 @@ from gym_sessions.errors import ClaimsUnavailableError, out_of_resources
 from gym_sessions.runtime_dir import worker_process_exists
 
 if TYPE_CHECKING:
-    from gym_sessions.routing.redis_claims import WorkerRegistry
+    from gym_sessions.routing.redis_registry import WorkerRegistry
     from gym_sessions.runtime_dir import RuntimeDirectory
 
 __all__ = ["TcpEndpoints", "UnixEndpoints", "WorkerEndpoints"]

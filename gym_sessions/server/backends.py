@@ -30,8 +30,9 @@ from gym_sessions.routing.handoff_listener import HandoffListener
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS
 from gym_sessions.routing.owner_cache import OwnerCache
 from gym_sessions.routing.placement import FileLoadBoard, LoadBoard, RedisLoadBoard
-from gym_sessions.routing.redis_claims import EntrySigner, RedisClaimStore, WorkerRegistry
+from gym_sessions.routing.redis_claims import RedisClaimStore
 from gym_sessions.routing.redis_connection import connect_redis, connect_redis_blocking
+from gym_sessions.routing.redis_registry import EntrySigner, WorkerRegistry
 from gym_sessions.routing.snapshot_store import (
     FileSnapshotStore,
     RedisSnapshotStore,

@@ -26,21 +26,23 @@ from gym_sessions.routing.owned_claims import (
     OwnedClaims,
     StoreExpiry,
 )
-from gym_sessions.routing.redis_claims import (
-    _SCRIPTS,
+from gym_sessions.routing.redis_claims import RedisClaimStore
+from gym_sessions.routing.redis_connection import connect_redis
+from gym_sessions.routing.redis_registry import (
     HEARTBEAT_SECONDS,
     REGISTRATION_SECONDS,
+    EntrySigner,
+    WorkerRegistry,
+)
+from gym_sessions.routing.redis_scripts import (
+    SCRIPTS,
     ClaimFree,
     ClaimHeld,
     ClaimLost,
     ClaimSettling,
-    EntrySigner,
-    RedisClaimStore,
-    WorkerRegistry,
-    _CreateArgs,
+    CreateArgs,
     parse_claim_reply,
 )
-from gym_sessions.routing.redis_connection import connect_redis
 
 from .fake_clock import FakeClock
 
@@ -561,9 +563,9 @@ async def test_a_releasing_claim_whose_last_request_was_refused_ends_a_window_la
 # Redis: script arguments, replies, timing ----------------------------------------------
 
 
-@pytest.mark.parametrize("script", sorted(_SCRIPTS))
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_each_script_binds_every_argument_by_name_and_counts_no_positions(script):
-    args_class, text = _SCRIPTS[script]
+    args_class, text = SCRIPTS[script]
     names = [f.name for f in dataclasses.fields(args_class)]
     header = args_class.lua_locals()
     assert text.startswith(header)
@@ -579,7 +581,7 @@ def test_each_script_binds_every_argument_by_name_and_counts_no_positions(script
 
 
 def test_script_arguments_go_to_redis_as_keys_then_args_in_field_order():
-    args = _CreateArgs(
+    args = CreateArgs(
         claim_key="k",
         index_key="i",
         indexed_workers_key="iw",

@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from gym_sessions.routing.keys import REGISTRATION_PREFIX, claim_name
-from gym_sessions.routing.redis_claims import EntrySigner, RedisClaimStore
+from gym_sessions.routing.redis_claims import RedisClaimStore
+from gym_sessions.routing.redis_registry import EntrySigner
 
 from .cluster import Cluster, new_id, redis_backend, wait_until
 from .probe_server import ProbeServer

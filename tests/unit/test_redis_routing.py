@@ -18,14 +18,9 @@ from gym_sessions.routing.claim_store import LocalClaimStore
 from gym_sessions.routing.forward_signature import SIGNATURE_HEADER, ForwardSigner
 from gym_sessions.routing.keys import EPOCH_KEY, REGISTRATION_PREFIX
 from gym_sessions.routing.owned_claims import EXPIRY_MARGIN_SECONDS, OwnedClaims
-from gym_sessions.routing.redis_claims import (
-    HEARTBEAT_SECONDS,
-    RESTORE_GRACE_SECONDS,
-    EntrySigner,
-    RedisClaimStore,
-    WorkerRegistry,
-)
+from gym_sessions.routing.redis_claims import RESTORE_GRACE_SECONDS, RedisClaimStore
 from gym_sessions.routing.redis_connection import connect_redis
+from gym_sessions.routing.redis_registry import HEARTBEAT_SECONDS, EntrySigner, WorkerRegistry
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.settings import SECRET_ENV, Settings
 
