@@ -497,6 +497,22 @@ def _parser() -> argparse.ArgumentParser:
         help="an env or model server's reply larger than this is not read: 502 bad_upstream "
         f"(default {Settings.upstream_max_reply_bytes // (1024 * 1024)} MiB)",
     )
+    egress.add_argument(
+        "--upstream-connect-timeout",
+        type=float,
+        default=Settings.upstream_connect_timeout,
+        metavar="SECONDS",
+        help="an outbound call (env or model server) that cannot connect within this gets 502 "
+        f"(default {Settings.upstream_connect_timeout:g} s)",
+    )
+    egress.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=Settings.upstream_timeout,
+        metavar="SECONDS",
+        help="an outbound call not answered within this in all gets 504 "
+        f"(default {Settings.upstream_timeout:g} s, at most 3600)",
+    )
     metrics = serve_cmd.add_argument_group("metrics (docs/operating/metrics.md)")
     metrics.add_argument(
         "--metrics",
@@ -630,6 +646,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 allowed_envs=tuple(args.allow_env),
                 allowed_models=tuple(args.allow_model),
                 upstream_max_reply_bytes=args.upstream_max_reply_bytes,
+                upstream_connect_timeout=args.upstream_connect_timeout,
+                upstream_timeout=args.upstream_timeout,
             )
             serve(args.target, settings, args.log_level, args.pid_file, env_kwargs)
         elif args.command == "reload":

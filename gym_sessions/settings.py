@@ -17,6 +17,8 @@ __all__ = ["SECRET_ENV", "Settings"]
 
 SECRET_ENV = "GYM_SESSIONS_SECRET"
 _MIB = 1024 * 1024
+# An outbound call of an agent may take at most this long (a bound on --upstream-timeout).
+_MAX_UPSTREAM_SECONDS = 3600.0
 
 
 _CLAIM_STORES = ("file", "redis://", "rediss://", "unix://")
@@ -142,6 +144,12 @@ class Settings:
             ``allowed_envs`` (``--allow-model``).
         upstream_max_reply_bytes: Agent servers: an env or model server's reply
             larger than this is not read (502 ``bad_upstream``).
+        upstream_connect_timeout: Agent servers: seconds an outbound call (env
+            or model server) may take to connect (a free pooled connection's
+            wait is not counted: under load it is no failure).
+        upstream_timeout: Agent servers: seconds an outbound call may take in
+            all, the wait for a pooled connection included (a port that
+            accepts and never answers must not hold ``/run`` for minutes).
         runtime_dir: Set by the supervisor for workers > 1; ``None`` otherwise.
     """
 
@@ -181,6 +189,8 @@ class Settings:
     allowed_envs: tuple[str, ...] = ()
     allowed_models: tuple[str, ...] = ()
     upstream_max_reply_bytes: int = 16 * _MIB
+    upstream_connect_timeout: float = 5.0
+    upstream_timeout: float = 120.0
     runtime_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -210,6 +220,12 @@ class Settings:
             raise ValueError("max_body_bytes must be positive")
         if self.upstream_max_reply_bytes < 1:
             raise ValueError("upstream_max_reply_bytes must be positive")
+        if not 0 < self.upstream_connect_timeout <= self.upstream_timeout:
+            raise ValueError(
+                "upstream_connect_timeout must be positive and at most upstream_timeout"
+            )
+        if not self.upstream_timeout <= _MAX_UPSTREAM_SECONDS:
+            raise ValueError(f"upstream_timeout must be at most {_MAX_UPSTREAM_SECONDS:g} s")
         object.__setattr__(self, "allowed_envs", tuple(self.allowed_envs))
         object.__setattr__(self, "allowed_models", tuple(self.allowed_models))
         self.env_targets()  # refuse a malformed --allow-env / --allow-model here, at start-up

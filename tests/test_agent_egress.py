@@ -26,11 +26,9 @@ SECRET = "s" * 40
 LEAK = "INTERNAL-SECRET-BODY admin-token=hunter2"
 
 
-class QuickAgent(CounterAgent):
-    """The counter agent with short upstream timeouts (the attribute a deployment sets)."""
-
-    upstream_connect_timeout = 0.5
-    upstream_timeout = 0.5
+# Short upstream timeouts, as a deployment sets them (--upstream-connect-timeout,
+# --upstream-timeout); every test agent here runs with them.
+QUICK = {"upstream_connect_timeout": 0.5, "upstream_timeout": 0.5}
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -72,10 +70,14 @@ async def upstream() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
         server.close()
 
 
+def _run_body(env_url: str) -> dict[str, Any]:
+    return {"env_url": env_url, "task": {"increments": [1]}}
+
+
 async def _run(agent: CounterAgent, body: dict[str, Any], **settings: Any) -> Any:
     """``POST /run`` to ``agent``; it may call the body's ``env_url`` unless ``settings`` say."""
     settings.setdefault("allowed_envs", (body["env_url"],))
-    app = WorkerApp(agent, Settings(secret=SECRET, **settings))
+    app = WorkerApp(agent, Settings(secret=SECRET, **{**QUICK, **settings}))
     try:
         return await asgi_request(app, "POST", "/run", json.dumps(body).encode())
     finally:
@@ -104,7 +106,7 @@ async def test_no_byte_of_an_upstream_reply_reaches_the_client(
     upstream, status, body, content_type
 ):
     url = await upstream(_answering(status, body, content_type))
-    reply = await _run(QuickAgent(), {"env_url": url, "task": {"increments": [1]}})
+    reply = await _run(CounterAgent(), {"env_url": url, "task": {"increments": [1]}})
     assert reply.status == 502
     assert "SECRET" not in reply.body.decode() and "hunter2" not in reply.body.decode()
 
@@ -112,7 +114,7 @@ async def test_no_byte_of_an_upstream_reply_reaches_the_client(
 async def test_a_reply_without_its_fields_is_bad_upstream_naming_the_field(upstream):
     spaces = json.dumps({"hello": 1}).encode()
     url = await upstream(_answering("200 OK", spaces, "application/json"))
-    reply = await _run(QuickAgent(), {"env_url": url, "task": {"increments": [1]}})
+    reply = await _run(CounterAgent(), {"env_url": url, "task": {"increments": [1]}})
     assert reply.status == 502
     assert reply.json()["error"]["code"] == "bad_upstream"
     assert "action_space" in reply.json()["error"]["message"]
@@ -121,7 +123,7 @@ async def test_a_reply_without_its_fields_is_bad_upstream_naming_the_field(upstr
 async def test_an_upstream_that_never_answers_is_cut_off_by_the_total_timeout(upstream):
     url = await upstream(_silent)
     reply = await asyncio.wait_for(
-        _run(QuickAgent(), {"env_url": url, "task": {"increments": [1]}}), timeout=60
+        _run(CounterAgent(), {"env_url": url, "task": {"increments": [1]}}), timeout=60
     )
     assert reply.status == 502
     assert reply.json()["error"]["code"] == "bad_gateway"
@@ -197,7 +199,7 @@ async def test_an_env_url_not_allowed_is_forbidden_target_before_any_connection(
     # port, another path or spelling); for "other-port" only the other server is.
     allowed_envs = (f"counter={allowed_url}",) if aim(url) == url else (f"counter={url}",)
     body = {"env_url": aim(url), "task": {"increments": [1]}}
-    reply = await _run(QuickAgent(), body, allowed_envs=allowed_envs)
+    reply = await _run(CounterAgent(), body, allowed_envs=allowed_envs)
     assert reply.status == 400, reply.body
     assert reply.json()["error"]["code"] == "forbidden_target"
     assert service.connections == 0 and allowed.connections == 0
@@ -206,7 +208,8 @@ async def test_an_env_url_not_allowed_is_forbidden_target_before_any_connection(
 
 async def test_with_no_allowed_env_every_run_is_forbidden_and_says_which_flag(probed):
     service, url = probed
-    reply = await _run(QuickAgent(), {"env_url": url, "task": {"increments": [1]}}, allowed_envs=())
+    body = {"env_url": url, "task": {"increments": [1]}}
+    reply = await _run(CounterAgent(), body, allowed_envs=())
     assert reply.status == 400
     assert reply.json()["error"]["code"] == "forbidden_target"
     assert "--allow-env" in reply.json()["error"]["message"]
@@ -219,7 +222,7 @@ async def test_a_closed_port_and_an_open_one_get_the_same_refusal(probed):
     closed_url = _closed_port_url()
     allowed = ("http://127.0.0.1:1",)
     replies = [
-        await _run(QuickAgent(), {"env_url": u, "task": {"increments": [1]}}, allowed_envs=allowed)
+        await _run(CounterAgent(), _run_body(u), allowed_envs=allowed)
         for u in (open_url, closed_url)
     ]
     assert [r.status for r in replies] == [400, 400]
@@ -235,7 +238,7 @@ async def test_a_model_url_not_allowed_is_refused_before_the_env_is_called(probe
     env = Counted(_answering("200 OK", SPACES, "application/json"))
     env_url = await upstream(env)
     body = {"env_url": env_url, "task": {"increments": [1]}, "model": {"base_url": url}}
-    reply = await _run(QuickAgent(), body, allowed_envs=(env_url,))
+    reply = await _run(CounterAgent(), body, allowed_envs=(env_url,))
     assert reply.status == 400
     assert reply.json()["error"]["code"] == "forbidden_target"
     assert "--allow-model" in reply.json()["error"]["message"]
@@ -245,8 +248,8 @@ async def test_a_model_url_not_allowed_is_refused_before_the_env_is_called(probe
 async def test_the_pool_refuses_a_url_under_no_allowed_upstream(probed, upstream):
     """The backstop for an agent's own code: its pool connects to allowed upstreams only."""
     service, url = probed
-    agent = QuickAgent()
-    WorkerApp(agent, Settings(secret=SECRET, allowed_envs=("http://127.0.0.1:1/env",)))
+    agent = CounterAgent()
+    WorkerApp(agent, Settings(secret=SECRET, allowed_envs=("http://127.0.0.1:1/env",), **QUICK))
     client = agent.http_client()
     try:
         for target in (url + "/spaces", "http://127.0.0.1:1/other", "http://127.0.0.1:1/env/../x"):
@@ -271,7 +274,7 @@ def _redirecting(location: str) -> Handler:
 async def test_a_redirect_is_never_followed(probed, upstream):
     service, url = probed
     env_url = await upstream(_redirecting(url + "/spaces"))
-    reply = await _run(QuickAgent(), {"env_url": env_url, "task": {"increments": [1]}})
+    reply = await _run(CounterAgent(), {"env_url": env_url, "task": {"increments": [1]}})
     assert reply.status == 502
     assert reply.json()["error"]["code"] == "bad_upstream"
     assert "redirect" in reply.json()["error"]["message"]
@@ -303,7 +306,7 @@ def _large(size: int, chunked: bool) -> Handler:
 async def test_a_reply_larger_than_the_limit_is_bad_upstream(upstream, chunked):
     env_url = await upstream(_large(300_000, chunked))
     body = {"env_url": env_url, "task": {"increments": [1]}}
-    reply = await _run(QuickAgent(), body, upstream_max_reply_bytes=100_000)
+    reply = await _run(CounterAgent(), body, upstream_max_reply_bytes=100_000)
     assert reply.status == 502
     assert reply.json()["error"] == {
         "code": "bad_upstream",
@@ -316,7 +319,7 @@ async def test_a_model_reply_larger_than_the_limit_is_bad_upstream(upstream):
     model_url = await upstream(_large(300_000, chunked=True))
     # The env answers /spaces only: the start fails before the model is asked; so
     # the model is asked directly, through the policy the agent would build.
-    agent = QuickAgent()
+    agent = CounterAgent()
     WorkerApp(
         agent,
         Settings(
@@ -324,6 +327,7 @@ async def test_a_model_reply_larger_than_the_limit_is_bad_upstream(upstream):
             allowed_envs=(env_url,),
             allowed_models=(f"m={model_url}",),
             upstream_max_reply_bytes=100_000,
+            **QUICK,
         ),
     )
     body = {"env_url": env_url, "task": {"increments": [1]}, "model": {"base_url": "m"}}
@@ -372,3 +376,11 @@ async def test_an_honest_run_by_name_and_by_url_scores(serve):
         )
         assert reply.status == 200, reply.body
         assert reply.json()["reward"] == 1.0 and reply.json()["episode_length"] == 3
+
+
+@pytest.mark.parametrize(
+    ("connect", "total"), [(0.0, 10.0), (20.0, 10.0), (5.0, 4000.0)], ids=["zero", "over", "huge"]
+)
+def test_upstream_timeouts_are_bounded_settings(connect, total):
+    with pytest.raises(ValueError, match="upstream"):
+        Settings(secret=SECRET, upstream_connect_timeout=connect, upstream_timeout=total)

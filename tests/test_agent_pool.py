@@ -1,7 +1,7 @@
 """The agent's outbound pool: waiting for a free connection is not a connect failure.
 
 Under load every pooled connection can be busy; a call then waits for one. Only
-the TCP connect itself is bounded by ``upstream_connect_timeout``; the wait is
+the TCP connect itself is bounded by ``--upstream-connect-timeout``; the wait is
 bounded by the call's total timeout (a bug once counted it as a connect
 timeout, and /run answered 502 "cannot reach" for a server that was there).
 """

@@ -128,12 +128,6 @@ class AgentServer(SessionServer):
     #: its own that changes the state (seeds and closes do here). Receipts and
     #: failed seeds are not captured.
     durable_agent_state: ClassVar[bool] = False
-    #: Seconds an outbound call (env or model server) may take to connect, and
-    #: in all; a subclass or deployment may set them (issue 33: a port that
-    #: accepts and never answers held ``/run`` for minutes). The wait for a free
-    #: pooled connection counts in the total only: under load it is no failure.
-    upstream_connect_timeout: ClassVar[float] = 5.0
-    upstream_timeout: ClassVar[float] = 120.0
 
     def __init__(self) -> None:
         self.agent_sessions: dict[str, Any] = {}
@@ -492,8 +486,8 @@ class AgentServer(SessionServer):
             self._http = egress_session(
                 self.may_call,
                 max_reply_bytes=self.settings.upstream_max_reply_bytes,
-                connect_timeout=self.upstream_connect_timeout,
-                total_timeout=self.upstream_timeout,
+                connect_timeout=self.settings.upstream_connect_timeout,
+                total_timeout=self.settings.upstream_timeout,
             )
         return self._http
 
