@@ -58,6 +58,7 @@ from gym_sessions.wire import (
     EPISODE_LENGTH_HEADER,
     SESSION_GONE_CLOSE_CODE,
     WEBSOCKET_PATH,
+    route_path,
 )
 
 __all__ = ["MESSAGE_HEADERS", "CloseCode", "WebSocketSessions"]
@@ -122,6 +123,8 @@ def _envelope(text: str) -> tuple[int, str, str, bytes, list[tuple[bytes, bytes]
     path = message.get("path")
     if not isinstance(path, str) or not _PATH.fullmatch(path):
         raise _BadEnvelope("'path' must be a route path such as /step")
+    if route_path(path) in _REFUSED_PATHS:
+        raise _BadEnvelope(f"{path} is not served over {WEBSOCKET_PATH}: use HTTP")
     headers: list[tuple[bytes, bytes]] = []
     extra = message.get("headers", {})
     if not isinstance(extra, dict):

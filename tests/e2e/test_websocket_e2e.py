@@ -313,7 +313,9 @@ async def test_bad_frames_close_with_a_code_and_reason_and_touch_no_session(serv
         ('{"id": "x", "path": "/step"}', 1007, "id"),
         ('{"id": 1, "path": "/step", "headers": {"cookie": "gym_session=x"}}', 1007, "cookie"),
         ('{"id": 1, "path": "http://elsewhere/step"}', 1007, "path"),
-        ("x" * (1024 + 64 * 1024 + 1), 1009, ""),
+        ('{"id": 1, "path": "/rollouts/r1/step_batch", "body": {}}', 1007, "use HTTP"),
+        ('{"id": 1, "path": "/metrics", "method": "GET"}', 1007, "use HTTP"),
+        ("x" * (1024 + 64 * 1024 + 1), 1009, "exceeds"),
     ]
     for frame, code, words in cases:
         wire = await Wire.open(server.url, cookie)
