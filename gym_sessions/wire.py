@@ -14,6 +14,7 @@ __all__ = [
     "SESSION_COOKIE",
     "SESSION_GONE_CLOSE_CODE",
     "START_BESIDE_HEADER",
+    "VALUES_SUBPROTOCOL",
     "WEBSOCKET_PATH",
     "WS_ENVELOPE_BYTES",
     "route_path",
@@ -47,6 +48,10 @@ PYTHON_INT_FIELD = "observation_python_int"
 
 #: The WebSocket endpoint: one connection carries one client's session requests.
 WEBSOCKET_PATH = "/ws"
+
+#: The /ws subprotocol of a connection whose messages may also be binary frames:
+#: a request or reply whose body is a binary values message (§3.15, §3.16).
+VALUES_SUBPROTOCOL = "gym-sessions.values.v1"
 
 #: What a /ws message may add to its body's bytes (``max_body_bytes``) for its envelope.
 WS_ENVELOPE_BYTES = 64 * 1024

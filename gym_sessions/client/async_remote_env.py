@@ -75,10 +75,11 @@ class AsyncRemoteEnv:
             still open. ``False`` when the owner does that itself (a
             `RemoteVectorEnv` closes all its sessions at once, on its loop).
         transport: ``"http"`` (the default), or ``"ws"``: every request of the
-            session as a message of one WebSocket (``/ws``), values in JSON. A
+            session as a message of one WebSocket (``/ws``). A
             dropped WebSocket is reopened with the session cookie and reaches
             the same session; a step whose reply it lost ran once or not at all
-            (as over HTTP: `ConnectionLostError` says when it ran).
+            (as over HTTP: `ConnectionLostError` says when it ran). Values are
+            binary frames where the server offers the binary encoding.
     """
 
     observation_space: gym.Space[Any]
@@ -142,8 +143,6 @@ class AsyncRemoteEnv:
         return env
 
     def _describe(self, description: EnvDescription) -> None:
-        if self.transport == "ws":
-            description = dataclasses.replace(description, binary_values=False)  # JSON on /ws
         self._protocol = RemoteEnvProtocol(description, self.render_mode)
         self.observation_space = description.observation_space
         self.action_space = description.action_space

@@ -15,7 +15,10 @@ whose reply the drop lost is resolved by `StepRecovery` over the new
 connection: ``/observe``, then the resend at the step's episode length, which
 runs only if the first send did not (it ran once or not at all).
 
-Values travel as JSON (the binary encoding is not offered on ``/ws``).
+The connection asks for the ``gym-sessions.values.v1`` subprotocol, so values
+travel as they do over HTTP: a binary step body (§3.15) goes as a binary frame
+(its envelope's length, the envelope, then the body), and a binary reply comes
+as one; everything else is a JSON text message.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.protocol import State
+from websockets.typing import Subprotocol
 
 from gym_sessions.client.exchange import (
     EncodedBody,
@@ -47,6 +51,7 @@ from gym_sessions.wire import (
     CLOSE_FOLLOWS_HEADER,
     EPISODE_LENGTH_HEADER,
     SESSION_COOKIE,
+    VALUES_SUBPROTOCOL,
     WEBSOCKET_PATH,
     WS_ENVELOPE_BYTES,
 )
@@ -54,7 +59,10 @@ from gym_sessions.wire import (
 __all__ = ["AsyncWebSocketClient"]
 
 #: The request headers an envelope carries (the server refuses any other).
-_MESSAGE_HEADERS = frozenset({EPISODE_LENGTH_HEADER, CLOSE_FOLLOWS_HEADER})
+_MESSAGE_HEADERS = frozenset({EPISODE_LENGTH_HEADER, CLOSE_FOLLOWS_HEADER, "accept"})
+
+#: Bytes of a binary frame's envelope length (big-endian), before the envelope.
+_LENGTH_BYTES = 4
 
 
 class AsyncWebSocketClient(HTTPClientBase):
@@ -116,9 +124,7 @@ class AsyncWebSocketClient(HTTPClientBase):
                 step.replied(reply)
         return step.reply
 
-    def _envelope(self, exchange: Exchange, request_id: int) -> str:
-        if isinstance(exchange.request.body, EncodedBody):
-            raise ValueError("a /ws connection carries JSON bodies only")
+    def _envelope(self, exchange: Exchange, request_id: int) -> str | bytes:
         headers = {
             name.lower(): value
             for name, value in exchange.headers.items()
@@ -133,6 +139,10 @@ class AsyncWebSocketClient(HTTPClientBase):
                 "new_session": exchange.request.new_session,
             }
         )
+        if isinstance(exchange.request.body, EncodedBody):
+            envelope = head.encode()
+            length = len(envelope).to_bytes(_LENGTH_BYTES, "big")
+            return length + envelope + exchange.payload
         if not exchange.payload:
             return head
         # The payload is the strict JSON the HTTP shell would send: spliced in as it is.
@@ -156,6 +166,7 @@ class AsyncWebSocketClient(HTTPClientBase):
                 ssl=self.ssl_context,
                 open_timeout=self.timeout,
                 max_size=self.max_message_bytes,
+                subprotocols=[Subprotocol(VALUES_SUBPROTOCOL)],
                 compression=None,
                 ping_interval=None,  # a session may wait long for a step; the server pings
                 user_agent_header=None,
@@ -181,7 +192,12 @@ class AsyncWebSocketClient(HTTPClientBase):
             while True:
                 async with asyncio.timeout(self.timeout):
                     text = await connection.recv()
-                message = json.loads(text)
+                binary_body = None
+                if isinstance(text, bytes):  # a binary reply: its envelope, then its body
+                    end = _LENGTH_BYTES + int.from_bytes(text[:_LENGTH_BYTES], "big")
+                    message, binary_body = json.loads(text[_LENGTH_BYTES:end]), text[end:]
+                else:
+                    message = json.loads(text)
                 if message.get("id") == request_id:
                     break  # (an earlier request's late reply is dropped)
         except TimeoutError as exc:
@@ -192,6 +208,8 @@ class AsyncWebSocketClient(HTTPClientBase):
             raise TransportFailure.of(Failure.LOST, exc) from exc
         headers = [(str(name), str(value)) for name, value in message.get("headers", [])]
         body = message.get("body")
+        if binary_body is not None:
+            return int(message["status"]), headers, binary_body
         if body is None:
             payload = b""
         elif isinstance(body, str) and not _is_json_reply(headers):

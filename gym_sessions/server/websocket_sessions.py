@@ -53,20 +53,28 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_sessions import strict_json
 from gym_sessions.scope_keys import STARTS_HERE_SCOPE_KEY
+from gym_sessions.value_messages import BINARY_MEDIA_TYPE, BINARY_TYPE
 from gym_sessions.wire import (
     CLOSE_FOLLOWS_HEADER,
     EPISODE_LENGTH_HEADER,
     SESSION_GONE_CLOSE_CODE,
+    VALUES_SUBPROTOCOL,
     WEBSOCKET_PATH,
     route_path,
 )
 
-__all__ = ["MESSAGE_HEADERS", "CloseCode", "WebSocketSessions"]
+__all__ = ["MESSAGE_HEADERS", "VALUES_MESSAGE_HEADERS", "CloseCode", "WebSocketSessions"]
 
 logger = logging.getLogger("gym_sessions.websocket")
 
 #: The headers a request envelope may carry; the cookie comes from the connection.
 MESSAGE_HEADERS = frozenset({EPISODE_LENGTH_HEADER, CLOSE_FOLLOWS_HEADER})
+#: On a connection of `VALUES_SUBPROTOCOL`, also: the reply may be a binary message.
+VALUES_MESSAGE_HEADERS = MESSAGE_HEADERS | {"accept"}
+
+#: A binary frame: this many bytes (big-endian) give the envelope's length; the
+#: envelope (JSON, without ``body``) follows, then the body: a binary values message.
+_ENVELOPE_LENGTH_BYTES = 4
 
 #: Paths a message may not name: they are not one session's, or their replies are not JSON.
 _REFUSED_PATHS = frozenset({WEBSOCKET_PATH, "/metrics", "/step_batch", "/mcp", "/render"})
@@ -106,7 +114,27 @@ def _reason(text: str) -> str:
     return data[: _MAX_REASON_BYTES - 3].decode(errors="ignore") + "..."
 
 
-def _envelope(text: str) -> tuple[int, str, str, bytes, list[tuple[bytes, bytes]], bool]:
+_Envelope = tuple[int, str, str, bytes, list[tuple[bytes, bytes]], bool]
+
+
+def _binary_envelope(data: bytes) -> _Envelope:
+    """A binary frame's envelope, with its binary body (and that body's content type)."""
+    head_size = int.from_bytes(data[:_ENVELOPE_LENGTH_BYTES], "big")
+    end = _ENVELOPE_LENGTH_BYTES + head_size
+    if len(data) < end:
+        raise _BadEnvelope("a binary frame's envelope length runs past its end")
+    try:
+        text = data[_ENVELOPE_LENGTH_BYTES:end].decode()
+    except UnicodeDecodeError:
+        raise _BadEnvelope("a binary frame's envelope is not UTF-8") from None
+    request_id, method, path, body, headers, new_session = _envelope(text, VALUES_MESSAGE_HEADERS)
+    if body:
+        raise _BadEnvelope("a binary frame's body follows its envelope, not inside it")
+    headers.append((b"content-type", BINARY_MEDIA_TYPE.encode()))
+    return request_id, method, path, data[end:], headers, new_session
+
+
+def _envelope(text: str, allowed: frozenset[str]) -> _Envelope:
     """``(id, method, path, body, headers, new_session)`` of a request envelope."""
     try:
         message = strict_json.loads(text)
@@ -130,7 +158,7 @@ def _envelope(text: str) -> tuple[int, str, str, bytes, list[tuple[bytes, bytes]
     if not isinstance(extra, dict):
         raise _BadEnvelope("'headers' must be an object")
     for name, value in extra.items():
-        if name.lower() not in MESSAGE_HEADERS or not isinstance(value, str):
+        if name.lower() not in allowed or not isinstance(value, str):
             raise _BadEnvelope(f"header {name!r} may not be sent in a message")
         headers.append((name.lower().encode(), value.encode()))
     new_session = message.get("new_session", False)
@@ -176,14 +204,19 @@ class _Cookies:
 class _Connection:
     """One accepted WebSocket: reads envelopes ahead, serves them one by one."""
 
-    def __init__(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, cookie: str):
+    def __init__(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, cookie: str, values: bool
+    ) -> None:
         self.app = app
+        #: `VALUES_SUBPROTOCOL` was negotiated: binary frames are requests too.
+        self.values = values
+        self.allowed = VALUES_MESSAGE_HEADERS if values else MESSAGE_HEADERS
         self.scope = scope
         self.receive = receive
         self.send = send
         cookie_header = b"; ".join(v for k, v in scope["headers"] if k == b"cookie")
         self.cookies = _Cookies(cookie_header, cookie)
-        self.queue: asyncio.Queue[str] = asyncio.Queue(_READ_AHEAD)
+        self.queue: asyncio.Queue[str | bytes] = asyncio.Queue(_READ_AHEAD)
         #: Set once the client has gone (or the connection is being closed).
         self.gone = asyncio.Event()
         self.closed = False
@@ -226,13 +259,14 @@ class _Connection:
             if kind != "websocket.receive":
                 continue
             text = message.get("text")
-            if text is None:
+            if text is None and not self.values:
                 await self.close(
                     CloseCode.UNSUPPORTED_DATA,
-                    "binary frame refused: this connection speaks JSON text messages",
+                    "binary frame refused: this connection speaks JSON text messages "
+                    f"(binary frames need the {VALUES_SUBPROTOCOL} subprotocol)",
                 )
                 return
-            await self.queue.put(text)
+            await self.queue.put(text if text is not None else message.get("bytes") or b"")
 
     async def _serve(self) -> None:
         while not self.gone.is_set():
@@ -243,9 +277,12 @@ class _Connection:
             if getting not in done:
                 getting.cancel()
                 return
-            text = getting.result()
+            frame = getting.result()
             try:
-                request = _envelope(text)
+                if isinstance(frame, str):
+                    request = _envelope(frame, self.allowed)
+                else:
+                    request = _binary_envelope(frame)
             except _BadEnvelope as exc:
                 await self.close(CloseCode.INVALID_PAYLOAD, f"bad message: {exc}")
                 return
@@ -263,13 +300,11 @@ class _Connection:
         extra: list[tuple[bytes, bytes]],
         new_session: bool,
     ) -> int:
-        headers = [
-            (b"host", _header(self.scope, b"host") or b"localhost"),
-            (b"accept", b"application/json"),
-            *extra,
-        ]
-        if body:
-            headers += [(b"content-type", b"application/json")]
+        headers = [(b"host", _header(self.scope, b"host") or b"localhost"), *extra]
+        if not any(name == b"accept" for name, _ in extra):
+            headers.append((b"accept", b"application/json"))
+        if body and not any(name == b"content-type" for name, _ in extra):
+            headers.append((b"content-type", b"application/json"))
         headers.append((b"content-length", str(len(body)).encode()))
         cookie = self.cookies.header(new_session)
         if cookie is not None:
@@ -330,6 +365,14 @@ class _Connection:
                 continue
             shown.append([name.decode("latin-1"), value.decode("latin-1")])
         head = json.dumps({"id": request_id, "status": status, "headers": shown})
+        if content_type.startswith(BINARY_TYPE.encode()):
+            # Asked for in `accept`, so on a values connection: a binary frame.
+            envelope = head.encode()
+            length = len(envelope).to_bytes(_ENVELOPE_LENGTH_BYTES, "big")
+            if not self.closed:
+                with contextlib.suppress(Exception):
+                    await self.send({"type": "websocket.send", "bytes": length + envelope + body})
+            return
         if not body:
             payload = head[:-1] + ',"body":null}'
         elif content_type.startswith(b"application/json"):
@@ -373,8 +416,12 @@ class WebSocketSessions:
             # Refused before accepting: the client sees a 403 to its upgrade.
             await send({"type": "websocket.close", "code": 1008, "reason": "no such endpoint"})
             return
-        await send({"type": "websocket.accept"})
-        connection = _Connection(self.app, scope, receive, send, self.cookie_name)
+        values = VALUES_SUBPROTOCOL in scope.get("subprotocols", ())
+        accept: dict[str, Any] = {"type": "websocket.accept"}
+        if values:
+            accept["subprotocol"] = VALUES_SUBPROTOCOL
+        await send(accept)
+        connection = _Connection(self.app, scope, receive, send, self.cookie_name, values)
         try:
             await connection.run()
         except Exception:

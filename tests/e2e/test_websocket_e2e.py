@@ -9,6 +9,7 @@ import signal
 import socket
 from typing import Any
 
+import numpy as np
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -16,8 +17,12 @@ from websockets.exceptions import ConnectionClosed
 from gym_sessions import AsyncRemoteEnv
 from gym_sessions.client.step_recovery import OBSERVE_REQUEST
 from gym_sessions.errors import ConnectionLostError
+from tests.e2e.pixel_envs import FRAME_SHAPE, PixelEnv
+
+pytestmark = pytest.mark.e2e
 
 COUNTER = "envs.counter:CounterEnv"
+PIXELS = "tests.e2e.pixel_envs:PixelEnv"
 WORKERS = 4
 
 
@@ -395,3 +400,65 @@ def test_ws_endpoint_refuses_other_websocket_paths(serve):
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         )
         assert sock.recv(64).startswith(b"HTTP/1.1 403")
+
+
+async def test_pixel_observations_travel_as_binary_frames_bit_exact(serve):
+    server = serve(PIXELS, workers=2)
+    local = PixelEnv()
+    async with AsyncRemoteEnv(server.url, transport="ws") as env:
+        assert env.description.binary_values
+        observation, _ = await env.reset(seed=3)
+        connection = env._http._connection
+        assert connection is not None and connection.subprotocol == "gym-sessions.values.v1"
+        frames: list[type] = []
+        recv = connection.recv
+
+        async def counting_recv(*args: Any, **kwargs: Any) -> Any:
+            message = await recv(*args, **kwargs)
+            frames.append(type(message))
+            return message
+
+        connection.recv = counting_recv  # type: ignore[method-assign]
+        expected, _ = local.reset(seed=3)
+        np.testing.assert_array_equal(observation, expected)
+        for step in range(20):
+            got, want = await env.step(step % 6), local.step(step % 6)
+            assert got[0].shape == FRAME_SHAPE and got[0].dtype == np.uint8
+            np.testing.assert_array_equal(got[0], want[0])
+            assert got[1:4] == want[1:4]
+        assert frames == [bytes] * 20  # each step's reply was a binary frame
+
+
+async def test_a_binary_frame_without_the_values_subprotocol_names_it(serve):
+    server = serve(COUNTER)
+    wire = await Wire.open(server.url)
+    await wire.connection.send(b"\0\0\0\2{}")
+    code, reason = await _closed_with(wire)
+    assert code == 1003 and "gym-sessions.values.v1" in (reason or "")
+
+
+async def test_bad_binary_frames_on_a_values_connection(serve):
+    server = serve(COUNTER)
+    for frame, code in [
+        (b"\0\0\1\0{}", 1007),  # the envelope's length runs past the frame
+        (b"\0\0\0\2\xff\xfe", 1007),  # not UTF-8
+        (b'\0\0\0\x0f{"id": 1, "pa":', 1007),  # not JSON
+    ]:
+        connection = await connect(ws_url(server.url), subprotocols=["gym-sessions.values.v1"])
+        wire = Wire(connection)
+        await connection.send(frame)
+        closed, reason = await _closed_with(wire)
+        assert closed == code, (frame, closed, reason)
+    # A well-formed envelope with a body that is no binary message: the route's 400.
+    connection = await connect(ws_url(server.url), subprotocols=["gym-sessions.values.v1"])
+    wire = Wire(connection)
+    start = await wire.request("/reset", {}, new_session=True)
+    assert start["status"] == 200
+    envelope = json.dumps({"id": 9, "path": "/step", "headers": {"x-gym-episode-length": "0"}})
+    await connection.send(len(envelope).to_bytes(4, "big") + envelope.encode() + b"garbage")
+    reply = json.loads(await connection.recv())
+    assert reply["id"] == 9 and reply["status"] == 400, reply
+    assert reply["body"]["error"]["code"] == "invalid_binary"
+    observed = await wire.request("/observe", {})
+    assert observed["body"]["episode_length"] == 0
+    await wire.close()
