@@ -17,7 +17,9 @@ from websockets.exceptions import ConnectionClosed
 from gym_sessions import AsyncRemoteEnv
 from gym_sessions.client.step_recovery import OBSERVE_REQUEST
 from gym_sessions.errors import ConnectionLostError
+from tests.conftest import require_or_skip
 from tests.e2e.pixel_envs import FRAME_SHAPE, PixelEnv
+from tests.services import NginxProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -462,3 +464,38 @@ async def test_bad_binary_frames_on_a_values_connection(serve):
     observed = await wire.request("/observe", {})
     assert observed["body"]["episode_length"] == 0
     await wire.close()
+
+
+async def test_200_sessions_over_websockets_through_nginx_count_exactly(serve):
+    require_or_skip("nginx", "nginx")
+    server = serve(COUNTER, workers=WORKERS)
+    nginx = NginxProcess([server.url]).start()
+    sessions, steps = 200, 6
+    holders: dict[int, str] = {}
+
+    async def play(index: int) -> int:
+        env = AsyncRemoteEnv(nginx.url, transport="ws", timeout=120)
+        await env.open()
+        try:
+            observation, _ = await env.reset(options={"initial_count": index})
+            count = index
+            for step in range(steps):
+                if index % 2 and step == steps // 2:
+                    await env._http.close()  # a new WebSocket mid-episode: lands anywhere
+                action = (index * 3 + step) % 21 - 10
+                observation, *_ = await env.step(action)
+                count += action
+                assert int(observation) == count, (index, step)
+            holders[index] = str(env.worker)
+            result = await env.verify(close_follows=True)
+            assert result["episode_length"] == steps
+            return count
+        finally:
+            await env.close()
+
+    try:
+        counts = await asyncio.gather(*(play(i) for i in range(sessions)))
+    finally:
+        nginx.close()
+    assert counts == [i + sum((i * 3 + s) % 21 - 10 for s in range(steps)) for i in range(sessions)]
+    assert len(set(holders.values())) == WORKERS  # every worker held some of them
