@@ -226,19 +226,16 @@ class _Connection:
         server = asyncio.create_task(self._serve())
         try:
             await asyncio.wait({reader, server}, return_when=asyncio.FIRST_COMPLETED)
-            if reader.done() and not server.done():
-                # The client left (or sent a bad frame): the request in flight sees
-                # a disconnect, as an HTTP client's would, and runs as that allows.
-                await server
         finally:
-            for task in (reader, server):
-                task.cancel()
-            for task in (reader, server):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            for task in (reader, server):
-                if not task.cancelled() and task.exception() is not None:
-                    logger.error("websocket task failed", exc_info=task.exception())
+            # The request in flight is never cancelled from here: it sees a
+            # disconnect, as an HTTP client's would (starts, closes and /verify
+            # run to completion, a /step ran or did not), and ends as that allows.
+            self.gone.set()
+            reader.cancel()
+            await asyncio.shield(asyncio.gather(reader, server, return_exceptions=True))
+        for task in (reader, server):
+            if not task.cancelled() and task.exception() is not None:
+                logger.error("websocket task failed", exc_info=task.exception())
 
     async def close(self, code: int, reason: str) -> None:
         self.gone.set()
