@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import urllib.request
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from gym_sessions import AsyncRemoteEnv
 from gym_sessions.client.step_recovery import OBSERVE_REQUEST
 from gym_sessions.errors import ConnectionLostError
+from gym_sessions.metrics.status import parse_samples
 from tests.conftest import require_or_skip
 from tests.e2e.pixel_envs import FRAME_SHAPE, PixelEnv
 from tests.services import NginxProcess
@@ -26,6 +28,11 @@ pytestmark = pytest.mark.e2e
 COUNTER = "envs.counter:CounterEnv"
 PIXELS = "tests.e2e.pixel_envs:PixelEnv"
 WORKERS = 4
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return str(reply.read().decode())
 
 
 def ws_url(url: str) -> str:
@@ -499,3 +506,48 @@ async def test_200_sessions_over_websockets_through_nginx_count_exactly(serve):
         nginx.close()
     assert counts == [i + sum((i * 3 + s) % 21 - 10 for s in range(steps)) for i in range(sessions)]
     assert len(set(holders.values())) == WORKERS  # every worker held some of them
+
+
+async def test_durable_sessions_over_websockets_survive_their_holders_death(serve):
+    server = serve(COUNTER, "--durable-sessions", workers=2)
+    sessions, steps, kill_after = 8, 10, 4
+    halfway = asyncio.Barrier(sessions + 1)
+    resumed = asyncio.Event()
+    envs = [AsyncRemoteEnv(server.url, transport="ws") for _ in range(sessions)]
+
+    async def play(index: int, env: AsyncRemoteEnv) -> tuple[int, int]:
+        await env.open()
+        observation, _ = await env.reset(options={"initial_count": 10 * index})
+        count, taken = 10 * index, 0
+        for step in range(steps):
+            if step == kill_after:
+                await halfway.wait()
+                await resumed.wait()
+            action = step % 5 + 1
+            try:
+                observation, *_ = await env.step(action)
+            except ConnectionLostError:
+                pass  # it ran; its reply was lost
+            else:
+                assert int(observation) == count + action
+            count, taken = count + action, taken + 1
+        observed = (await env._http.send(OBSERVE_REQUEST)).json()
+        await env.close()
+        return observed["observation"], observed["episode_length"]
+
+    async def kill_a_holder() -> None:
+        await halfway.wait()
+        victim = str(envs[0].worker)
+        os.kill(int(victim.split("-")[0]), signal.SIGKILL)
+        resumed.set()
+
+    results, _ = await asyncio.gather(
+        asyncio.gather(*(play(i, env) for i, env in enumerate(envs))), kill_a_holder()
+    )
+    for index, (count, length) in enumerate(results):
+        assert length == steps
+        assert count == 10 * index + sum(step % 5 + 1 for step in range(steps))
+    victims = sum(1 for env in envs if env.worker == envs[0].worker)
+    page = parse_samples(await asyncio.to_thread(fetch, server.url + "/metrics"))
+    restored = sum(s.value for s in page if s.name == "gym_sessions_restored_sessions_total")
+    assert 1 <= restored <= victims  # the dead holder's sessions went on elsewhere
