@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gymnasium.vector import AutoresetMode
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from gym_sessions import AsyncRemoteEnv
+from gym_sessions import AsyncRemoteEnv, RemoteVectorEnv
 from gym_sessions.client.step_recovery import OBSERVE_REQUEST
 from gym_sessions.errors import ConnectionLostError
 from gym_sessions.metrics.status import parse_samples
@@ -551,3 +552,21 @@ async def test_durable_sessions_over_websockets_survive_their_holders_death(serv
     page = parse_samples(await asyncio.to_thread(fetch, server.url + "/metrics"))
     restored = sum(s.value for s in page if s.name == "gym_sessions_restored_sessions_total")
     assert 1 <= restored <= victims  # the dead holder's sessions went on elsewhere
+
+
+def test_a_vector_env_over_websockets_steps_each_session_on_its_holder(serve):
+    server = serve(COUNTER, workers=WORKERS)
+    envs = RemoteVectorEnv(8, server.url, transport="ws", autoreset_mode=AutoresetMode.DISABLED)
+    try:
+        assert envs.step_batch is None  # one step message per sub-env
+        observations, _ = envs.reset(seed=0)
+        counts = np.zeros(8, np.int64)
+        np.testing.assert_array_equal(observations, counts)
+        for step in range(10):
+            actions = np.array([(i * 3 + step) % 21 - 10 for i in range(8)])
+            observations, *_ = envs.step(actions)
+            counts += actions
+            np.testing.assert_array_equal(observations, counts)
+        assert all(env.transport == "ws" for env in envs.envs)
+    finally:
+        envs.close()
