@@ -82,8 +82,12 @@ _REFUSED_PATHS = frozenset({WEBSOCKET_PATH, "/metrics", "/step_batch", "/mcp", "
 #: A request path: an absolute path of route characters, nothing else (no query, no dots).
 _PATH = re.compile(r"/[A-Za-z0-9_\-/]{0,255}")
 
-#: Envelopes read ahead of the request being served; then the socket is not read.
-_READ_AHEAD = 8
+#: Envelopes read ahead of the request being served; then the socket is not read
+#: (uvicorn pauses it): a connection holds at most about three messages (the one
+#: served, one queued, one read), so bodies held outside the router's body budget
+#: stay within a few ``max_body_bytes`` per connection. Reading on while a request
+#: runs is what lets it see its client leave.
+_READ_AHEAD = 1
 
 #: A close reason is at most 123 bytes (RFC 6455, 5.5.1).
 _MAX_REASON_BYTES = 123
