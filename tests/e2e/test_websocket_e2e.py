@@ -22,6 +22,7 @@ from gym_sessions.errors import ConnectionLostError
 from gym_sessions.metrics.status import parse_samples
 from tests.conftest import require_or_skip
 from tests.e2e.pixel_envs import FRAME_SHAPE, PixelEnv
+from tests.polling import eventually
 from tests.services import NginxProcess
 
 pytestmark = pytest.mark.e2e
@@ -570,3 +571,37 @@ def test_a_vector_env_over_websockets_steps_each_session_on_its_holder(serve):
         assert all(env.transport == "ws" for env in envs.envs)
     finally:
         envs.close()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+async def test_a_websocket_that_drops_cancels_its_awaiting_tool_as_http_does(serve, workers):
+    server = serve("tests.e2e.slow_tools:SlowToolServer", "--debug-worker-header", workers=workers)
+    wire = await Wire.open(server.url)
+    start = await wire.request("/reset", {"resources_session_id": "slow-ws-1"}, new_session=True)
+    assert start["status"] == 200, start
+    cookie = cookie_of(start)
+    for _ in range(50 if workers > 1 else 0):
+        # A connection on another worker than the holder: the hop passes the drop on.
+        await wire.close()
+        wire = await Wire.open(server.url, cookie)
+        if header(await wire.request("/tally", {}), "x-gym-forwarded-by") is not None:
+            break
+    else:
+        assert workers == 1, "no connection landed on a worker other than the holder"
+    await wire.connection.send(json.dumps({"id": 99, "path": "/wait", "body": {"seconds": 60}}))
+    await asyncio.sleep(1.0)
+    wire.connection.transport.abort()  # the client is gone mid-call
+
+    async def tally() -> dict[str, Any] | None:
+        again = await Wire.open(server.url, cookie)
+        reply = await again.request("/tally", {})
+        await again.close()
+        assert reply["status"] == 200, reply
+        return reply["body"] if reply["body"]["cancelled"] else None
+
+    expected = {"started": 1, "finished": 0, "cancelled": 1, "starts": 1}
+    assert await eventually(tally, 5) == expected
+    resumed = await Wire.open(server.url, cookie)
+    reply = await resumed.request("/wait", {"seconds": 0.05})
+    assert reply["body"] == {**expected, "started": 2, "finished": 1}
+    await resumed.close()
