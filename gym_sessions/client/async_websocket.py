@@ -61,6 +61,9 @@ __all__ = ["AsyncWebSocketClient"]
 #: The request headers an envelope carries (the server refuses any other).
 _MESSAGE_HEADERS = frozenset({EPISODE_LENGTH_HEADER, CLOSE_FOLLOWS_HEADER, "accept"})
 
+#: A JSON reply body as the HTTP shell would hand it on; one encoder, not one per reply.
+_BODY_ENCODER = json.JSONEncoder(allow_nan=False)
+
 #: Bytes of a binary frame's envelope length (big-endian), before the envelope.
 _LENGTH_BYTES = 4
 
@@ -215,7 +218,7 @@ class AsyncWebSocketClient(HTTPClientBase):
         elif isinstance(body, str) and not _is_json_reply(headers):
             payload = body.encode()
         else:
-            payload = json.dumps(body, allow_nan=False).encode()
+            payload = _BODY_ENCODER.encode(body).encode()
         return int(message["status"]), headers, payload
 
     async def close(self) -> None:

@@ -89,6 +89,9 @@ _PATH = re.compile(r"/[A-Za-z0-9_\-/]{0,255}")
 #: runs is what lets it see its client leave.
 _READ_AHEAD = 1
 
+#: A body as the router reads it (strict JSON); one encoder, not one per message.
+_BODY_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
 #: A close reason is at most 123 bytes (RFC 6455, 5.5.1).
 _MAX_REASON_BYTES = 123
 
@@ -170,7 +173,7 @@ def _envelope(text: str, allowed: frozenset[str]) -> _Envelope:
         raise _BadEnvelope("'new_session' must be true or false")
     body = b""
     if "body" in message and message["body"] is not None:
-        body = json.dumps(message["body"], allow_nan=False, separators=(",", ":")).encode()
+        body = _BODY_ENCODER.encode(message["body"]).encode()
     return request_id, method, path, body, headers, new_session
 
 
@@ -220,7 +223,10 @@ class _Connection:
         self.send = send
         cookie_header = b"; ".join(v for k, v in scope["headers"] if k == b"cookie")
         self.cookies = _Cookies(cookie_header, cookie)
-        self.queue: asyncio.Queue[str | bytes] = asyncio.Queue(_READ_AHEAD)
+        #: Frames read, in order; ``None`` once the connection ends.
+        self.queue: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        #: Frames being served or queued, at most one more than the one served.
+        self.room = asyncio.Semaphore(_READ_AHEAD + 1)
         #: Set once the client has gone (or the connection is being closed).
         self.gone = asyncio.Event()
         self.closed = False
@@ -234,15 +240,20 @@ class _Connection:
             # The request in flight is never cancelled from here: it sees a
             # disconnect, as an HTTP client's would (starts, closes and /verify
             # run to completion, a /step ran or did not), and ends as that allows.
-            self.gone.set()
+            self._end()
             reader.cancel()
             await asyncio.shield(asyncio.gather(reader, server, return_exceptions=True))
         for task in (reader, server):
             if not task.cancelled() and task.exception() is not None:
                 logger.error("websocket task failed", exc_info=task.exception())
 
+    def _end(self) -> None:
+        if not self.gone.is_set():
+            self.gone.set()
+            self.queue.put_nowait(None)  # wakes the serving loop
+
     async def close(self, code: int, reason: str) -> None:
-        self.gone.set()
+        self._end()
         if self.closed:
             return
         self.closed = True
@@ -251,13 +262,15 @@ class _Connection:
 
     async def _read(self) -> None:
         while True:
+            await self.room.acquire()
             message = await self.receive()
             kind = message["type"]
             if kind == "websocket.disconnect":
                 self.closed = True
-                self.gone.set()
+                self._end()
                 return
             if kind != "websocket.receive":
+                self.room.release()
                 continue
             text = message.get("text")
             if text is None and not self.values:
@@ -267,18 +280,13 @@ class _Connection:
                     f"(binary frames need the {VALUES_SUBPROTOCOL} subprotocol)",
                 )
                 return
-            await self.queue.put(text if text is not None else message.get("bytes") or b"")
+            self.queue.put_nowait(text if text is not None else message.get("bytes") or b"")
 
     async def _serve(self) -> None:
-        while not self.gone.is_set():
-            getting = asyncio.ensure_future(self.queue.get())
-            waiting = asyncio.ensure_future(self.gone.wait())
-            done, _ = await asyncio.wait({getting, waiting}, return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
-            if getting not in done:
-                getting.cancel()
+        while True:
+            frame = await self.queue.get()
+            if frame is None or self.gone.is_set():
                 return
-            frame = getting.result()
             try:
                 if isinstance(frame, str):
                     request = _envelope(frame, self.allowed)
@@ -287,7 +295,10 @@ class _Connection:
             except _BadEnvelope as exc:
                 await self.close(CloseCode.INVALID_PAYLOAD, f"bad message: {exc}")
                 return
-            status = await self._serve_one(*request)
+            try:
+                status = await self._serve_one(*request)
+            finally:
+                self.room.release()
             if status == 410:
                 await self.close(CloseCode.SESSION_GONE, "session_gone: the session is gone")
                 return
