@@ -179,7 +179,10 @@ class AsyncRemoteEnv:
 
     @property
     def worker(self) -> str | None:
-        """The worker holding the session (from ``/health`` after its first reset, and batches)."""
+        """The worker holding the session (from ``/health`` after its first reset, and batches).
+
+        ``None`` over ``transport="ws"``, which asks no ``/health``.
+        """
         return self._protocol.worker if self._protocol is not None else None
 
     @property
@@ -231,7 +234,8 @@ class AsyncRemoteEnv:
         else:
             reply = await self._http.send(request)
         observation, info = protocol.reset_reply(reply)
-        if protocol.worker is None:
+        if protocol.worker is None and self.transport == "http":
+            # For step batches' groups; a WebSocket's session steps alone (no batches).
             protocol.health_reply(await self._http.send(protocol.health_request()))
         return observation, info
 

@@ -495,7 +495,8 @@ async def test_200_sessions_over_websockets_through_nginx_count_exactly(serve):
                 observation, *_ = await env.step(action)
                 count += action
                 assert int(observation) == count, (index, step)
-            holders[index] = str(env.worker)
+            health = await env._http.send(env.protocol.health_request())
+            holders[index] = str(health.json()["worker"])  # through the routing: the holder
             result = await env.verify(close_follows=True)
             assert result["episode_length"] == steps
             return count
@@ -514,6 +515,7 @@ async def test_durable_sessions_over_websockets_survive_their_holders_death(serv
     server = serve(COUNTER, "--durable-sessions", workers=2)
     sessions, steps, kill_after = 8, 10, 4
     halfway = asyncio.Barrier(sessions + 1)
+    holders: list[str] = []
     resumed = asyncio.Event()
     envs = [AsyncRemoteEnv(server.url, transport="ws") for _ in range(sessions)]
 
@@ -537,9 +539,13 @@ async def test_durable_sessions_over_websockets_survive_their_holders_death(serv
         await env.close()
         return observed["observation"], observed["episode_length"]
 
+    async def holder(env: AsyncRemoteEnv) -> str:
+        return str((await env._http.send(env.protocol.health_request())).json()["worker"])
+
     async def kill_a_holder() -> None:
         await halfway.wait()
-        victim = str(envs[0].worker)
+        holders.extend([await holder(env) for env in envs])
+        victim = holders[0]
         os.kill(int(victim.split("-")[0]), signal.SIGKILL)
         resumed.set()
 
@@ -549,7 +555,7 @@ async def test_durable_sessions_over_websockets_survive_their_holders_death(serv
     for index, (count, length) in enumerate(results):
         assert length == steps
         assert count == 10 * index + sum(step % 5 + 1 for step in range(steps))
-    victims = sum(1 for env in envs if env.worker == envs[0].worker)
+    victims = holders.count(holders[0])
     page = parse_samples(await asyncio.to_thread(fetch, server.url + "/metrics"))
     restored = sum(s.value for s in page if s.name == "gym_sessions_restored_sessions_total")
     assert 1 <= restored <= victims  # the dead holder's sessions went on elsewhere
