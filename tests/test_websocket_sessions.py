@@ -34,6 +34,8 @@ async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["path"] == "/set":
         reply_headers.append((b"set-cookie", SET_COOKIE))
     status = 410 if scope["path"] == "/gone" else 200
+    if status == 410:
+        body = b'{"error": {"code": "session_expired", "message": "closed for idling"}}'
     await send({"type": "http.response.start", "status": status, "headers": reply_headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -102,7 +104,28 @@ async def test_a_410_reply_is_sent_then_the_connection_closes_4410():
     assert reply["status"] == 410
     closing = await socket.sent()
     assert closing["type"] == "websocket.close" and closing["code"] == 4410
+    assert closing["reason"] == "session_expired: closed for idling"
     await asyncio.wait_for(socket.task, 5)
+
+
+async def failing(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    raise RuntimeError("a reply that cannot be finished")
+
+
+async def test_an_endpoint_failure_closes_1011():
+    incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outgoing: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    incoming.put_nowait({"type": "websocket.connect"})
+    scope = {"type": "websocket", "path": "/ws", "headers": [], "subprotocols": []}
+    task = asyncio.create_task(
+        WebSocketSessions(failing, "gym_session")(scope, incoming.get, outgoing.put)
+    )
+    assert (await outgoing.get())["type"] == "websocket.accept"
+    incoming.put_nowait({"type": "websocket.receive", "text": '{"id": 1, "path": "/step"}'})
+    closing = await asyncio.wait_for(outgoing.get(), 5)
+    assert closing["type"] == "websocket.close" and closing["code"] == 1011
+    await asyncio.wait_for(task, 5)
 
 
 async def test_refused_envelopes_close_1007_without_a_request():

@@ -231,7 +231,8 @@ class _Connection:
         self.gone = asyncio.Event()
         self.closed = False
 
-    async def run(self) -> None:
+    async def run(self) -> bool:
+        """Serve the connection until it ends; ``False`` if the endpoint itself failed."""
         reader = asyncio.create_task(self._read())
         server = asyncio.create_task(self._serve())
         try:
@@ -243,9 +244,12 @@ class _Connection:
             self._end()
             reader.cancel()
             await asyncio.shield(asyncio.gather(reader, server, return_exceptions=True))
+        failed = False
         for task in (reader, server):
             if not task.cancelled() and task.exception() is not None:
                 logger.error("websocket task failed", exc_info=task.exception())
+                failed = True
+        return not failed
 
     def _end(self) -> None:
         if not self.gone.is_set():
@@ -296,11 +300,11 @@ class _Connection:
                 await self.close(CloseCode.INVALID_PAYLOAD, f"bad message: {exc}")
                 return
             try:
-                status = await self._serve_one(*request)
+                gone = await self._serve_one(*request)
             finally:
                 self.room.release()
-            if status == 410:
-                await self.close(CloseCode.SESSION_GONE, "session_gone: the session is gone")
+            if gone is not None:
+                await self.close(CloseCode.SESSION_GONE, gone)
                 return
 
     async def _serve_one(
@@ -311,7 +315,8 @@ class _Connection:
         body: bytes,
         extra: list[tuple[bytes, bytes]],
         new_session: bool,
-    ) -> int:
+    ) -> str | None:
+        """Serve one message's request and send its reply; a 410's close reason, if it was one."""
         headers = [(b"host", _header(self.scope, b"host") or b"localhost"), *extra]
         if not any(name == b"accept" for name, _ in extra):
             headers.append((b"accept", b"application/json"))
@@ -362,8 +367,9 @@ class _Connection:
 
         await self.app(scope, receive, send)
         self.cookies.take(reply_headers)
-        await self._reply(request_id, status, reply_headers, b"".join(chunks))
-        return status
+        reply = b"".join(chunks)
+        await self._reply(request_id, status, reply_headers, reply)
+        return _gone_reason(reply) if status == 410 else None
 
     async def _reply(
         self, request_id: int, status: int, headers: list[tuple[bytes, bytes]], body: bytes
@@ -396,6 +402,15 @@ class _Connection:
             return
         with contextlib.suppress(Exception):  # gone: the client's next connection asks
             await self.send({"type": "websocket.send", "text": payload})
+
+
+def _gone_reason(body: bytes) -> str:
+    """``<code>: <message>`` of a 410's error body (``session_gone``, ``session_expired``)."""
+    try:
+        error = json.loads(body)["error"]
+        return f"{error['code']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return "session_gone: the session is gone"
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -434,10 +449,7 @@ class WebSocketSessions:
             accept["subprotocol"] = VALUES_SUBPROTOCOL
         await send(accept)
         connection = _Connection(self.app, scope, receive, send, self.cookie_name, values)
-        try:
-            await connection.run()
-        except Exception:
-            logger.exception("websocket connection failed")
-            await connection.close(CloseCode.INTERNAL_ERROR, "internal_error")
-            return
-        await connection.close(CloseCode.NORMAL, "")
+        if await connection.run():
+            await connection.close(CloseCode.NORMAL, "")
+        else:
+            await connection.close(CloseCode.INTERNAL_ERROR, "internal_error (logged)")
