@@ -3,7 +3,8 @@
 Two servers side by side, both at 4 uvicorn workers on loopback:
 
 - ours: ``gym-sessions serve gym_sessions/Counter-v0 --workers 4``, driven by
-  `AsyncRemoteEnv` (one kept-alive HTTP/1.1 connection, ``POST /step``);
+  `AsyncRemoteEnv` (one kept-alive HTTP/1.1 connection, ``POST /step``; with
+  ``--transport ws`` one ``/ws`` WebSocket, as OpenEnv's client keeps);
 - OpenEnv's: ``uvicorn counter_app:app --workers 4`` (the same counter env on
   OpenEnv's ``create_app``, `benchmarks/openenv_side/counter_app.py`), driven
   by its async ``EnvClient`` over one WebSocket (`openenv_side/driver.py`).
@@ -16,7 +17,13 @@ timed steps one after another (``delta=1``), reporting each step's wall time
 and the process's CPU time. Rounds alternate which client goes first; the
 figure is the median over rounds of (our p50 / OpenEnv's p50) of that round.
 
-    .venv/bin/python benchmarks/openenv_peer.py [--rounds 10] [--steps 2000]
+    .venv/bin/python benchmarks/openenv_peer.py [--rounds 10] [--steps 2000] [--transport ws]
+        [--concurrent 200 --concurrent-steps 6]
+
+``--concurrent N`` adds to each round one more fresh process per side: N
+clients at once, each a reset and ``--concurrent-steps`` steps (counts
+checked), timed from the first connect to the last step; the figure is the
+median over rounds of (our wall / OpenEnv's wall).
 
 Prints a Markdown table; writes openenv_peer.json into --out DIR (default
 benchmarks/results/local/, untracked).
@@ -47,9 +54,9 @@ PEER_DIR = os.path.join(HERE, "openenv_side")
 DEFAULT_PEER_PYTHON = os.path.join(_common.REPO, ".peers", "openenv", "bin", "python")
 
 
-async def drive_ours(url: str, steps: int, warmup: int) -> dict[str, Any]:
-    """The measurement of our client (run in a child process: ``--drive URL STEPS WARMUP``)."""
-    async with AsyncRemoteEnv(url) as env:
+async def drive_ours(url: str, steps: int, warmup: int, transport: str) -> dict[str, Any]:
+    """Our client's measurement (a child process: ``--drive URL STEPS WARMUP TRANSPORT``)."""
+    async with AsyncRemoteEnv(url, transport=transport) as env:
         await env.reset(options={"initial_count": 0})
         for _ in range(warmup):
             await env.step(1)
@@ -62,6 +69,23 @@ async def drive_ours(url: str, steps: int, warmup: int) -> dict[str, Any]:
         cpu = time.process_time() - cpu
         assert int(observation) == warmup + steps, observation
     return {"step_seconds": times, "cpu_seconds": cpu}
+
+
+async def drive_ours_concurrent(
+    url: str, sessions: int, steps: int, transport: str
+) -> dict[str, Any]:
+    """``sessions`` clients at once, each a reset and ``steps`` steps (``--drive-concurrent``)."""
+
+    async def play(index: int) -> bool:
+        async with AsyncRemoteEnv(url, transport=transport) as env:
+            observation, _ = await env.reset(options={"initial_count": index})
+            for _ in range(steps):
+                observation, *_ = await env.step(1)
+            return bool(int(observation) == index + steps)
+
+    started = time.perf_counter()
+    correct = await asyncio.gather(*(play(i) for i in range(sessions)))
+    return {"wall_seconds": time.perf_counter() - started, "correct": sum(correct)}
 
 
 def measure(command: list[str], cwd: str | None = None) -> dict[str, Any]:
@@ -89,6 +113,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--openenv-python", default=DEFAULT_PEER_PYTHON)
+    parser.add_argument("--transport", choices=("http", "ws"), default="http")
+    parser.add_argument("--concurrent", type=int, default=0)
+    parser.add_argument("--concurrent-steps", type=int, default=6)
     args = _common.parse_args(parser)
     if not os.path.exists(args.openenv_python):
         sys.exit(f"no OpenEnv venv at {args.openenv_python}: see benchmarks/README.md")
@@ -104,6 +131,7 @@ def main() -> None:
     peer_url = f"http://127.0.0.1:{port}"
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {"gym-sessions": [], "openenv": []}
+    walls: dict[str, list[float]] = {"gym-sessions": [], "openenv": []}
     try:
         wait_for(peer_url)
         with start_server("gym_sessions/Counter-v0", workers=WORKERS) as ours:
@@ -111,11 +139,18 @@ def main() -> None:
                 "gym-sessions": [sys.executable, __file__, "--drive", ours.url],
                 "openenv": [args.openenv_python, "driver.py", peer_url],
             }
+            together = {
+                "gym-sessions": [sys.executable, __file__, "--drive-concurrent", ours.url],
+                "openenv": [args.openenv_python, "driver.py", peer_url, "--concurrent"],
+            }
+            tail = {"gym-sessions": [args.transport], "openenv": []}
             for round_ in range(args.rounds):
                 order = list(runs) if round_ % 2 == 0 else list(runs)[::-1]
                 for name in order:
                     cwd = PEER_DIR if name == "openenv" else None
-                    result = measure([*commands[name], str(args.steps), str(args.warmup)], cwd)
+                    result = measure(
+                        [*commands[name], str(args.steps), str(args.warmup), *tail[name]], cwd
+                    )
                     p50 = statistics.median(result["step_seconds"]) * 1e3
                     runs[name].append(
                         {
@@ -125,6 +160,17 @@ def main() -> None:
                         }
                     )
                     print(f"round {round_} {name}: p50 {p50:.3f} ms", flush=True)
+                if args.concurrent:
+                    for name in order:
+                        cwd = PEER_DIR if name == "openenv" else None
+                        sizes = [str(args.concurrent), str(args.concurrent_steps)]
+                        result = measure([*together[name], *sizes, *tail[name]], cwd)
+                        walls[name].append(result["wall_seconds"])
+                        print(
+                            f"round {round_} {name}: {args.concurrent} x {args.concurrent_steps}"
+                            f" wall {result['wall_seconds']:.3f} s, {result['correct']} correct",
+                            flush=True,
+                        )
     finally:
         peer.terminate()
         peer.wait(timeout=30)
@@ -148,8 +194,12 @@ def main() -> None:
                 f"{statistics.median(r['cpu_us_per_step'] for r in rounds):.0f}",
             ]
         )
+    wall_ratios = [
+        ours / theirs for ours, theirs in zip(walls["gym-sessions"], walls["openenv"], strict=True)
+    ]
     print(
-        f"\ncounter env, {WORKERS} workers each, {args.rounds} interleaved rounds of "
+        f"\nours over {args.transport}; counter env, {WORKERS} workers each, "
+        f"{args.rounds} interleaved rounds of "
         f"{args.steps} steps, {os.cpu_count()} cpus, load average before {load_before[0]:.2f}\n"
     )
     print(
@@ -160,11 +210,23 @@ def main() -> None:
     spread = ", ".join(f"{r:.2f}" for r in ratios)
     print(f"\nours / OpenEnv p50: {statistics.median(ratios):.2f} ({spread})")
     print(f"ours / OpenEnv client CPU per step: {statistics.median(cpu_ratios):.2f}")
+    if wall_ratios:
+        shown = ", ".join(f"{r:.2f}" for r in wall_ratios)
+        print(
+            f"{args.concurrent} concurrent sessions x {args.concurrent_steps} steps, wall: "
+            f"ours {statistics.median(walls['gym-sessions']):.3f} s, OpenEnv "
+            f"{statistics.median(walls['openenv']):.3f} s; ours / OpenEnv "
+            f"{statistics.median(wall_ratios):.2f} ({shown})"
+        )
     path = _common.write_json(
         "openenv_peer",
         {
             "workers": WORKERS,
+            "transport": args.transport,
             "rounds": args.rounds,
+            "concurrent": {"sessions": args.concurrent, "steps": args.concurrent_steps},
+            "walls": walls,
+            "wall_ratio_rounds": wall_ratios,
             "steps": args.steps,
             "machine": {**_common.machine(), "load_average_before": load_before},
             "runs": runs,
@@ -177,8 +239,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--drive":
+    if len(sys.argv) == 6 and sys.argv[1] == "--drive":
         url, steps, warmup = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-        print(json.dumps(asyncio.run(drive_ours(url, steps, warmup))))
+        print(json.dumps(asyncio.run(drive_ours(url, steps, warmup, sys.argv[5]))))
+    elif len(sys.argv) == 6 and sys.argv[1] == "--drive-concurrent":
+        url, sessions, steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        print(json.dumps(asyncio.run(drive_ours_concurrent(url, sessions, steps, sys.argv[5]))))
     else:
         main()

@@ -27,6 +27,7 @@ from gym_sessions.secret_source import (
     server_secret,
 )
 from gym_sessions.settings import SECRET_ENV, Settings
+from gym_sessions.wire import WS_ENVELOPE_BYTES
 
 __all__ = ["main"]
 
@@ -166,6 +167,8 @@ def serve(
         host=settings.host,
         port=port,
         timeout_keep_alive=int(settings.timeout_keep_alive),
+        # A /ws message carries a body and its envelope (§3.16): 1009 beyond.
+        ws_max_size=settings.max_body_bytes + WS_ENVELOPE_BYTES,
         timeout_graceful_shutdown=int(settings.graceful_timeout),
         log_level=log_level,
     )

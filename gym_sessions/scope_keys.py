@@ -17,6 +17,7 @@ __all__ = [
     "HANDED_IN_SCOPE_KEY",
     "PRIVATE_SCOPE_KEY",
     "SERVED_SCOPE_KEY",
+    "STARTS_HERE_SCOPE_KEY",
     "Served",
 ]
 
@@ -30,6 +31,9 @@ HANDED_IN_SCOPE_KEY = "gym_sessions.handed_in"
 GIVEN_AWAY_SCOPE_KEY = "gym_sessions.given_away"
 #: ``True`` in the scope of a request that arrived over a private listener.
 PRIVATE_SCOPE_KEY = "gym_sessions.private"
+#: ``True`` in the scope of a request that a WebSocket on this worker carries: a
+#: session it starts is started here (no balanced placement), where its messages arrive.
+STARTS_HERE_SCOPE_KEY = "gym_sessions.starts_here"
 #: Where the reply to a public request came from (a `Served`; absent means `Served.LOCAL`).
 SERVED_SCOPE_KEY = "gym_sessions.served"
 

@@ -12,7 +12,11 @@ __all__ = [
     "EPISODE_LENGTH_HEADER",
     "PYTHON_INT_FIELD",
     "SESSION_COOKIE",
+    "SESSION_GONE_CLOSE_CODE",
     "START_BESIDE_HEADER",
+    "VALUES_SUBPROTOCOL",
+    "WEBSOCKET_PATH",
+    "WS_ENVELOPE_BYTES",
     "route_path",
 ]
 
@@ -41,6 +45,20 @@ EPISODE_LENGTH_HEADER = "x-gym-episode-length"
 #: ``true`` when the served env returned its Discrete observation as a Python
 #: ``int``, which the client then gives back instead of a numpy integer.
 PYTHON_INT_FIELD = "observation_python_int"
+
+#: The WebSocket endpoint: one connection carries one client's session requests.
+WEBSOCKET_PATH = "/ws"
+
+#: The /ws subprotocol of a connection whose messages may also be binary frames:
+#: a request or reply whose body is a binary values message (§3.15, §3.16).
+VALUES_SUBPROTOCOL = "gym-sessions.values.v1"
+
+#: What a /ws message may add to its body's bytes (``max_body_bytes``) for its envelope.
+WS_ENVELOPE_BYTES = 64 * 1024
+
+#: The close code of a WebSocket whose session is gone (410's meaning): its holder
+#: exited, or the server closed it for idling. Reconnecting cannot reach it.
+SESSION_GONE_CLOSE_CODE = 4410
 
 #: Every route is served bare and under this prefix (``/rollouts/{rollout_id}/reset``).
 _ROLLOUT_PREFIX = re.compile(r"/rollouts/[^/]+(?=/)")

@@ -194,6 +194,15 @@ http {{
     }}
     server {{
         listen 127.0.0.1:{port};
+        location = /ws {{
+            # WebSocket sessions (docs/design.md 3.16): the upgrade passed on.
+            proxy_pass http://gym;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";
+            proxy_set_header Host $host;
+            proxy_read_timeout 300s;
+        }}
         location / {{
             proxy_pass http://gym;
             proxy_http_version 1.1;

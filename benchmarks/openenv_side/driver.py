@@ -1,6 +1,9 @@
 """Time steps through OpenEnv's async ``EnvClient`` (OpenEnv's venv only; see openenv_peer.py).
 
 python driver.py URL STEPS WARMUP   -> one JSON line: per-step seconds, CPU seconds
+python driver.py URL --concurrent SESSIONS STEPS
+                                    -> one JSON line: wall seconds of SESSIONS concurrent
+                                       clients, each reset and STEPS steps, counts checked
 """
 
 from __future__ import annotations
@@ -52,6 +55,23 @@ async def main(url: str, steps: int, warmup: int) -> dict[str, Any]:
     return {"step_seconds": times, "cpu_seconds": cpu}
 
 
+async def concurrent(url: str, sessions: int, steps: int) -> dict[str, Any]:
+    async def play(index: int) -> bool:
+        async with CounterClient(base_url=url) as client:
+            result = await client.reset(initial_count=index)
+            for _ in range(steps):
+                result = await client.step(CounterAction(delta=1))
+            return bool(result.observation.count == index + steps)
+
+    started = time.perf_counter()
+    correct = await asyncio.gather(*(play(i) for i in range(sessions)))
+    return {"wall_seconds": time.perf_counter() - started, "correct": sum(correct)}
+
+
 if __name__ == "__main__":
-    url, steps, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(asyncio.run(main(url, steps, warmup))))
+    if sys.argv[2] == "--concurrent":
+        url, sessions, steps = sys.argv[1], int(sys.argv[3]), int(sys.argv[4])
+        print(json.dumps(asyncio.run(concurrent(url, sessions, steps))))
+    else:
+        url, steps, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+        print(json.dumps(asyncio.run(main(url, steps, warmup))))

@@ -15,6 +15,7 @@ from gymnasium.utils import seeding
 
 from gym_sessions.client import lifecycle, sigterm
 from gym_sessions.client.async_http import AsyncHTTPClient
+from gym_sessions.client.async_websocket import AsyncWebSocketClient
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
     EnvDescription,
@@ -73,6 +74,12 @@ class AsyncRemoteEnv:
         close_at_exit: Close the session at garbage collection or exit if it is
             still open. ``False`` when the owner does that itself (a
             `RemoteVectorEnv` closes all its sessions at once, on its loop).
+        transport: ``"http"`` (the default), or ``"ws"``: every request of the
+            session as a message of one WebSocket (``/ws``). A
+            dropped WebSocket is reopened with the session cookie and reaches
+            the same session; a step whose reply it lost ran once or not at all
+            (as over HTTP: `ConnectionLostError` says when it ran). Values are
+            binary frames where the server offers the binary encoding.
     """
 
     observation_space: gym.Space[Any]
@@ -92,17 +99,31 @@ class AsyncRemoteEnv:
         *,
         description: EnvDescription | None = None,
         close_at_exit: bool = True,
+        transport: str = "http",
     ) -> None:
         self.url = url
         self.render_mode = render_mode
-        self._http = AsyncHTTPClient(
-            url,
-            timeout=timeout,
-            keep_alive=keep_alive,
-            retries=retries,
-            headers=headers,
-            ssl_context=tls_context(url, verify, cert),
-        )
+        self.transport = transport
+        self._http: AsyncHTTPClient | AsyncWebSocketClient
+        if transport == "ws":
+            self._http = AsyncWebSocketClient(
+                url,
+                timeout=timeout,
+                retries=retries,
+                headers=headers,
+                ssl_context=tls_context(url, verify, cert),
+            )
+        elif transport == "http":
+            self._http = AsyncHTTPClient(
+                url,
+                timeout=timeout,
+                keep_alive=keep_alive,
+                retries=retries,
+                headers=headers,
+                ssl_context=tls_context(url, verify, cert),
+            )
+        else:
+            raise ValueError(f"transport must be 'http' or 'ws', not {transport!r}")
         self._protocol: RemoteEnvProtocol | None = None
         self._np_random: np.random.Generator | None = None
         self._np_random_seed: int | None = None
@@ -158,7 +179,10 @@ class AsyncRemoteEnv:
 
     @property
     def worker(self) -> str | None:
-        """The worker holding the session (from ``/health`` after its first reset, and batches)."""
+        """The worker holding the session (from ``/health`` after its first reset, and batches).
+
+        ``None`` over ``transport="ws"``, which asks no ``/health``.
+        """
         return self._protocol.worker if self._protocol is not None else None
 
     @property
@@ -195,17 +219,23 @@ class AsyncRemoteEnv:
         first_start = protocol.closed or not protocol.started
         request = protocol.reset_request(seed, options)
         over = None
-        if self.starts_over is not None and first_start:
-            over = self.starts_over._http
+        leader = self.starts_over
+        if leader is not None and first_start and isinstance(leader._http, AsyncHTTPClient):
+            # (Over /ws a session starts where its connection is: no batch group.)
+            over = leader._http
             leader_cookie = over.cookie
             if leader_cookie is not None:
                 # With balanced placement a start goes to the least busy worker:
                 # ask for the leader's, so that one batch steps the whole group.
                 headers = {**request.headers, START_BESIDE_HEADER: leader_cookie}
                 request = dataclasses.replace(request, headers=headers)
-        reply = await self._http.send(request, over=over)
+        if over is not None and isinstance(self._http, AsyncHTTPClient):
+            reply = await self._http.send(request, over=over)
+        else:
+            reply = await self._http.send(request)
         observation, info = protocol.reset_reply(reply)
-        if protocol.worker is None:
+        if protocol.worker is None and self.transport == "http":
+            # For step batches' groups; a WebSocket's session steps alone (no batches).
             protocol.health_reply(await self._http.send(protocol.health_request()))
         return observation, info
 

@@ -262,6 +262,10 @@ class RemoteVectorEnv(VectorEnv):
             in turn: a smaller size spreads an env whose step is heavy over
             more workers. ``1``: each sub-env starts over its own connection,
             on any worker.
+        transport: ``"http"``, or ``"ws"``: each sub-env's session over its own
+            WebSocket (`AsyncRemoteEnv`'s ``transport``); then no step batches
+            (a batch names many sessions, a WebSocket one): one step message
+            per sub-env, on the worker that holds it.
     """
 
     def __init__(
@@ -279,6 +283,7 @@ class RemoteVectorEnv(VectorEnv):
         batch_group_size: int = 64,
         verify: VerifyOption = True,
         cert: CertOption | None = None,
+        transport: str = "http",
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
@@ -305,6 +310,7 @@ class RemoteVectorEnv(VectorEnv):
             "verify": tls_context(url, verify, cert) or verify,
             # This env closes its sub-envs at exit itself: all at once, on its loop.
             "close_at_exit": False,
+            "transport": transport,
         }
         self._loop = _VectorLoop()
         #: One per sub-env; replaced in place (the exit close holds this list).
@@ -319,7 +325,9 @@ class RemoteVectorEnv(VectorEnv):
             raise
         self.description: EnvDescription = first.protocol.description
         #: The server's batch route, if used (see ``step_batch``).
-        self.step_batch = self.description.step_batch if step_batch else None
+        self.step_batch = (
+            self.description.step_batch if step_batch and transport == "http" else None
+        )
         self.envs += [first] + [self._new_env() for _ in range(num_envs - 1)]
         for i in range(num_envs):
             self._start_in_group(i)

@@ -88,6 +88,7 @@ from gym_sessions.scope_keys import (
     HANDED_IN_SCOPE_KEY,
     PRIVATE_SCOPE_KEY,
     SERVED_SCOPE_KEY,
+    STARTS_HERE_SCOPE_KEY,
     Served,
 )
 from gym_sessions.wire import DEBUG_WORKER_HEADER, START_BESIDE_HEADER
@@ -550,8 +551,8 @@ class SessionRouter:
         """
         placement = self.placement
         sid = routed.session_id
-        if placement is None or sid in self.claims:
-            return False
+        if placement is None or sid in self.claims or scope.get(STARTS_HERE_SCOPE_KEY, False):
+            return False  # (a WebSocket's start begins where its messages arrive)
         if routed.source is not IdSource.MINTED and await self.claims.holder(sid) is not None:
             return False  # an existing claim decides where this start goes
         refused: set[str] = set()

@@ -1,6 +1,7 @@
 """The app factory: one settings object and one server give a worker's ASGI app.
 
-The stack, outside in: `MetricsMiddleware` (unless ``--metrics off``), then
+The stack, outside in: `WebSocketSessions` (``/ws``), `MetricsMiddleware`
+(unless ``--metrics off``), then
 `SessionRouter` (the routing rule; ``request.session`` and the cookie with
 `SessionCookie`), then the Starlette app with the server's routes, bare and
 under ``/rollouts/{id}/``.
@@ -65,6 +66,7 @@ from gym_sessions.server.base import SessionServer
 from gym_sessions.server.reply_compression import CompressedReplies
 from gym_sessions.server.resources import ResourcesServer
 from gym_sessions.server.route_table import RouteTable
+from gym_sessions.server.websocket_sessions import WebSocketSessions
 from gym_sessions.settings import Settings
 from gym_sessions.transport.private_listener import PrivateListener
 from gym_sessions.transport.supervisor import SupervisedApp
@@ -222,6 +224,8 @@ class WorkerApp(SupervisedApp):
             self._entry = MetricsMiddleware(
                 self._entry, self.metrics, MetricsAccess(settings.metrics_token)
             )
+        # Around both: a WebSocket's messages are served as requests by the stack inside.
+        self._entry = WebSocketSessions(self._entry, settings.session_cookie)
         self._background: list[asyncio.Task[None]] = []
         self._listener: PrivateListener | None = None
         # Where the workers of this server mark their shutdown (any routed
