@@ -47,6 +47,8 @@ PODMAN_CHANGES = {
     "terminationGracePeriodSeconds": "not read by podman 4.3; the test stops pods with -t",
     "env": "the values the kubelet computes (status.podIP is refused by podman 4.3)",
     "args": "$(VAR) expanded, --port made the pod's own port",
+    "ports": "with hostNetwork podman 4.3 refuses them ('PortMappings can only be used with "
+    "Bridge or slirp4netns networking')",
     "livenessProbe": "podman 4.3 runs it with curl from a systemd timer: neither is here",
     "readinessProbe": "not read by podman 4.3; the test polls /ready",
     "lifecycle": "not read by podman 4.3; the test waits the preStop sleep itself",
@@ -177,7 +179,7 @@ def _pod(template: Resource, name: str) -> Resource:
     spec["restartPolicy"] = "Never"
     spec.pop("terminationGracePeriodSeconds", None)
     for container in spec["containers"]:
-        for field in ("livenessProbe", "readinessProbe", "lifecycle"):
+        for field in ("ports", "livenessProbe", "readinessProbe", "lifecycle"):
             container.pop(field, None)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {**pod["metadata"], "name": name},
             "spec": spec}  # fmt: skip

@@ -1,0 +1,296 @@
+"""deploy/kubernetes run for real with ``podman kube play``: Redis and server pods of the image.
+
+The image is built (``make image``; the Debian base is reused from podman's
+store), the Kustomize base rendered, and its Redis StatefulSet and server
+Deployment turned into Pods podman 4.3 can play on this machine's loopback
+(`tests.manifests.podman_pods`: the host network, one port per pod; what else
+changes is listed there and held to the manifests by
+tests/test_kubernetes_manifests.py). nginx round robin in front stands for the
+Service. Every request is on a new connection.
+
+One test, three scenes on the same pods, to keep the image build and the pod
+starts to once: 200 episodes over both pods; a pod deleted at once (SIGKILL,
+as a lost node) with episodes open; a rolling restart (a new pod, then SIGTERM
+to an old one, as the Deployment's RollingUpdate does). ``--durable-sessions``
+is on in the manifests, so no episode may be lost in either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import resource
+import secrets
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from envs.counter_load import client_session, make_episodes, play_all
+from tests.manifests import KUBERNETES, args_value, find, podman_pods, render, write_pod
+from tests.services import NginxProcess, free_port, wait_for_registrations
+
+from ..conftest import require_or_skip
+from .durable_player import LOST, DurablePlayer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+REDIS_IMAGE = "localhost/gym-sessions-redis:bookworm"
+#: What podman needs here besides the repository's containers.conf: kube play
+#: sets every container's NOFILE and NPROC limits, to values above the hard
+#: limits of this machine unless told (`runc create failed: ... error setting
+#: rlimit type 7: operation not permitted`); NPROC above 32768 is refused too.
+_NPROC = 8192
+
+
+class KubePlay:
+    """Pods played from YAML files by ``podman kube play``; `close` removes every one."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.played: list[str] = []
+        hard_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        conf = (REPO / "deploy" / "podman" / "containers.conf").read_text()
+        limits = (
+            f'default_ulimits = ["nofile={hard_nofile}:{hard_nofile}", "nproc={_NPROC}:{_NPROC}"]'
+        )
+        assert "default_ulimits = []" in conf
+        self.conf = directory / "containers.conf"
+        self.conf.write_text(conf.replace("default_ulimits = []", limits))
+
+    def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+        return subprocess.run(
+            ["podman", *args], env=env, check=check, capture_output=True, text=True, timeout=120
+        )
+
+    def play(self, pod: dict) -> str:
+        name = pod["metadata"]["name"]
+        self.played.append(name)
+        path = write_pod(pod, str(self.directory))
+        result = self.podman("kube", "play", path, check=False)
+        assert result.returncode == 0, (result.stderr, self.logs(name))
+        return name
+
+    def logs(self, pod: str) -> str:
+        containers = self.podman("pod", "inspect", pod, "--format",
+                                 "{{range .Containers}}{{.Name}} {{end}}", check=False)  # fmt: skip
+        return "\n".join(
+            self.podman("logs", "--tail", "30", name, check=False).stderr
+            for name in containers.stdout.split()
+            if not name.endswith("-infra")
+        )
+
+    def remove(self, pod: str) -> None:
+        """``podman pod rm --force --time 0``: SIGKILL at once, as a lost node."""
+        self.podman("pod", "rm", "--force", "--time", "0", pod)
+
+    def close(self) -> None:
+        for name in self.played:
+            self.podman("pod", "rm", "--force", "--time", "0", name, check=False)
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, repr(exc)
+
+
+def _wait_ready(port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (status := _get(f"http://127.0.0.1:{port}/ready")[0]) != 200:
+        assert time.monotonic() < deadline, f"pod on port {port} not ready ({status})"
+        time.sleep(0.2)
+
+
+def _metric(port: int, token: str, name: str) -> float:
+    """The sum of ``name`` over the pod's workers, from its /metrics (with the token)."""
+    status, text = _get(f"http://127.0.0.1:{port}/metrics", token)
+    assert status == 200, text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    )
+
+
+class RollingPlayer(DurablePlayer):
+    """A `DurablePlayer` that also waits out a moment's 503 from a pod on its way out.
+
+    While a SIGTERMed pod's workers have left Redis but still listen for
+    forwarded requests, its sessions' requests from other pods get 503
+    ``claims_unavailable`` (docs/operating/durable-sessions.md): slow, not gone.
+    """
+
+    async def _observe(self, cookie: str | None) -> tuple[object, str | None]:
+        for _ in range(100):
+            status, data, cookie = await self.post("/observe", {}, cookie)
+            if status == 200:
+                return data, cookie
+            assert status in (LOST, 502, 503), data
+            self.observe_resends += 1
+            await asyncio.sleep(0.1)
+        raise AssertionError("/observe kept failing")
+
+
+def _renamed(pod: dict, name: str) -> dict:
+    return pod | {"metadata": {**pod["metadata"], "name": name}}
+
+
+async def _scene(url: str, player_class: type[DurablePlayer], seed: int, fault) -> tuple:
+    """80 episodes through ``url``, ``fault`` a third of the way; the player and how many scored."""
+    async with client_session() as client:
+        player = player_class(client, url)
+        episodes = make_episodes(80, seed=seed)
+        await _play_with(player, episodes, fault, 1 / 3)
+    return player, [e.reward for e in episodes].count(1.0)
+
+
+async def _play_with(player: DurablePlayer, episodes, fault, at: float) -> None:
+    """Play ``episodes``; ``fault`` (blocking, in a thread) once ``at`` of the steps are done."""
+    cookies = await asyncio.gather(*[player.start(e) for e in episodes])
+    total = sum(len(e.increments) for e in episodes)
+
+    async def inject() -> None:
+        while player.steps_done < total * at:  # noqa: ASYNC110 (a count, not an event)
+            await asyncio.sleep(0.005)
+        await asyncio.to_thread(fault)
+        player.killed = True
+
+    await asyncio.gather(
+        inject(), *[player.finish(e, c) for e, c in zip(episodes, cookies, strict=True)]
+    )
+
+
+@pytest.fixture(scope="module")
+def images() -> None:
+    for program, package in (("podman", "podman"), ("runc", "runc"),
+                             ("mmdebstrap", "mmdebstrap"), ("catatonit", "catatonit")):  # fmt: skip
+        require_or_skip(program, package)
+    if os.geteuid() != 0:
+        pytest.skip("podman runs rootful here (runc, no user namespaces)")
+    venv = sys.prefix  # the venv running the tests builds the wheel; never reinstalled
+    subprocess.run(
+        ["make", "-C", str(REPO), "image", "redis-image", f"VENV={venv}",
+         "-o", f"{venv}/.installed"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_the_manifests_under_podman_kube_play_lose_no_episode(images, tmp_path):
+    resources = render(KUBERNETES / "base")
+    deployment = find(resources, "Deployment", "gym-sessions")
+    template = deployment["spec"]["template"]
+    grace = template["spec"]["terminationGracePeriodSeconds"]
+    (server,) = template["spec"]["containers"]
+    workers = math.ceil(float(server["resources"]["requests"]["cpu"]))
+    assert "--durable-sessions" in server["args"]
+
+    # The Secret's keys as the kubelet shows them with fsGroup: root's, group-readable.
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir()
+    keys = {"secret": secrets.token_hex(32), "metrics-token": secrets.token_hex(32)}
+    for key, value in keys.items():
+        path = secret_dir / key
+        path.write_text(value + "\n")
+        os.chown(path, 0, template["spec"]["securityContext"]["fsGroup"])
+        path.chmod(0o440)
+
+    ports = [free_port() for _ in range(3)]
+    redis_port = free_port()
+    redis, servers = podman_pods(
+        resources, prefix=f"gs-kube-{os.getpid()}", server_ports=ports, redis_port=redis_port,
+        secret_dir=str(secret_dir), redis_image=REDIS_IMAGE,
+    )  # fmt: skip
+    redis_url = args_value(servers[ports[0]]["spec"]["containers"][0]["args"], "--claims")
+    assert redis_url is not None
+    pods = KubePlay(tmp_path)
+    nginx = NginxProcess([f"http://127.0.0.1:{p}" for p in ports])
+    try:
+        started = time.monotonic()
+        pods.play(redis)
+        for port in ports[:2]:
+            pods.play(servers[port])
+        for port in ports[:2]:
+            _wait_ready(port)
+        wait_for_registrations(redis_url, 2 * workers)
+        nginx.start()
+        print(f"\nRedis and 2 server pods ready in {time.monotonic() - started:.1f} s")
+
+        # 1. 200 episodes over both pods.
+        episodes = asyncio.run(play_all(nginx.url, make_episodes(200, seed=30)))
+        assert [e.reward for e in episodes].count(1.0) == 200, [
+            e.error_codes for e in episodes if e.reward != 1.0
+        ][:5]
+        assert all(status == 200 for e in episodes for status in e.statuses)
+        token = keys["metrics-token"]
+        held = {p: _metric(p, token, "gym_sessions_snapshots_written_total") for p in ports[:2]}
+        assert all(held.values()), held  # both pods held sessions
+
+        # 2. A pod deleted at once (SIGKILL, as with a lost node): its open
+        # sessions continue on the other pod.
+        deleted = servers[ports[0]]["metadata"]["name"]
+        scene = time.monotonic()
+        player, scored = asyncio.run(
+            _scene(nginx.url, DurablePlayer, 31, lambda: pods.remove(deleted))
+        )
+        assert scored == 80, player.failures
+        # At most the one request each episode had in flight failed (reset or 502), recovered.
+        assert all(len(f) == 1 and f[0][1] in (LOST, 502) for f in player.failures.values())
+        restored = _metric(ports[1], token, "gym_sessions_restored_sessions_total")
+        print(f"pod deleted: 80 of 80 scored 1.0; {restored:.0f} sessions restored on the "
+              f"other pod; {len(player.failures)} episodes had a request fail, recovered; "
+              f"{time.monotonic() - scene:.1f} s")  # fmt: skip
+        assert restored > 0
+
+        # 3. Rolling restart, as RollingUpdate (maxSurge 1) does it: the replacement
+        # of the deleted pod and a new pod ready first, then SIGTERM to the old
+        # one mid-episodes, with the manifests' grace period.
+        pods.play(_renamed(servers[ports[0]], deleted + "-b"))
+        pods.play(servers[ports[2]])
+        for port in (ports[0], ports[2]):
+            _wait_ready(port)
+        wait_for_registrations(redis_url, 3 * workers)
+        stopped = servers[ports[1]]["metadata"]["name"]
+        stop_seconds: list[float] = []
+
+        def sigterm() -> None:
+            begun = time.monotonic()
+            pods.podman("pod", "stop", "--time", str(grace), stopped)
+            stop_seconds.append(time.monotonic() - begun)
+
+        scene = time.monotonic()
+        rolling, scored = asyncio.run(_scene(nginx.url, RollingPlayer, 32, sigterm))
+        assert scored == 80, rolling.failures
+        restored = sum(
+            _metric(p, token, "gym_sessions_restored_sessions_total") for p in (ports[0], ports[2])
+        )
+        took = time.monotonic() - scene
+        print(f"rolling restart: 80 of 80 scored 1.0; SIGTERM to exit {stop_seconds[0]:.1f} s; "
+              f"{restored:.0f} sessions restored on the other pods; {len(rolling.failures)} "
+              f"episodes had a request fail, recovered; {took:.1f} s")  # fmt: skip
+        state = pods.podman("pod", "inspect", stopped, "--format", "{{.State}}").stdout.strip()
+        assert state == "Exited", state
+        assert stop_seconds[0] < grace, "the pod needed SIGKILL"
+        assert restored > 0
+    except BaseException:
+        for name in pods.played:
+            print(f"--- {name}\n{pods.logs(name)}")
+        raise
+    finally:
+        nginx.close()
+        pods.close()
