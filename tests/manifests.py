@@ -89,7 +89,8 @@ def load_kustomization(directory: Path) -> list[Resource]:
             resource["metadata"].setdefault("labels", {}).update(label["pairs"])
     for image in spec.get("images", []):
         for container in _containers(resources):
-            name, _, _tag = container["image"].partition(":")
+            reference = container["image"]
+            name = reference.rsplit(":", 1)[0] if ":" in reference.rsplit("/", 1)[-1] else reference
             if name == image["name"]:
                 container["image"] = f"{image.get('newName', name)}:{image['newTag']}"
     for patch in spec.get("patches", []):
