@@ -18,8 +18,10 @@ is on in the manifests, so no episode may be lost in either.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import os
+import re
 import resource
 import secrets
 import subprocess
@@ -30,8 +32,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import redis
 
 from envs.counter_load import client_session, make_episodes, play_all
+from gym_sessions.routing.redis_claims import RedisClaimStore
 from tests.manifests import KUBERNETES, args_value, find, podman_pods, render, write_pod
 from tests.services import NginxProcess, free_port, wait_for_registrations
 
@@ -130,6 +134,42 @@ def _metric(port: int, token: str, name: str) -> float:
 #: How a request fails when it met a pod on its way out: reset, a 502 (from nginx,
 #: or a hop over a pooled connection to a dead worker), a moment's 503.
 WAYS_OUT = (LOST, 502, 503)
+
+
+def _workers(port: int, token: str) -> set[str]:
+    """The ids of the pod's live workers (``gym_sessions_worker_info`` of its /metrics)."""
+    status, text = _get(f"http://127.0.0.1:{port}/metrics", token)
+    assert status == 200, text
+    return set(re.findall(r'^gym_sessions_worker_info\{[^}]*worker="([^"]+)"[^}]*\} 1', text, re.M))
+
+
+def _holder(redis_url: str, session_id: str) -> str | None:
+    """The worker id the session's claim in Redis names."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        value = client.get(RedisClaimStore.key(session_id))
+        return None if value is None else value.split("|", 1)[0]
+    finally:
+        client.close()
+
+
+async def _observe_after_a_kill(url: str, episodes, cookies) -> dict[str, tuple[int, str | None]]:
+    """Each session's ``/observe`` status and error code (read only: sent again while it
+    fails as a request meeting a pod on its way out does)."""
+    async with client_session() as client:
+        player = DurablePlayer(client, url)
+
+        async def observe(cookie: str) -> tuple[int, str | None]:
+            for _ in range(50):
+                status, data, _ = await player.post("/observe", {}, cookie)
+                if status not in WAYS_OUT:
+                    break
+                await asyncio.sleep(0.1)
+            code = data.get("error", {}).get("code") if isinstance(data, dict) else None
+            return status, code
+
+        replies = await asyncio.gather(*[observe(c) for c in cookies])
+    return {e.session_id: reply for e, reply in zip(episodes, replies, strict=True)}
 
 
 class PatientPlayer(DurablePlayer):
@@ -322,6 +362,41 @@ def test_the_manifests_under_podman_kube_play_lose_no_episode(images, tmp_path):
         assert state == "Exited", state
         assert stop_seconds[0] < grace, "the pod needed SIGKILL"
         assert restored > 0
+
+        # 4. Without --durable-sessions (the manifests with the flag taken out), a
+        # pod killed with sessions open: exactly its sessions answer 410.
+        for name in (deleted + "-b", servers[ports[2]]["metadata"]["name"]):
+            pods.remove(name)
+        plain = copy.deepcopy(resources)
+        find(plain, "Deployment", "gym-sessions")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ].remove("--durable-sessions")
+        _, plain_servers = podman_pods(
+            plain, prefix=f"gs-kube-{os.getpid()}-plain", server_ports=ports[:2],
+            redis_port=redis_port, secret_dir=str(secret_dir), redis_image=REDIS_IMAGE,
+        )  # fmt: skip
+        for port in ports[:2]:
+            pods.play(plain_servers[port])
+        for port in ports[:2]:
+            _wait_ready(port)
+        killed = _workers(ports[0], token)
+        assert killed and not killed & _workers(ports[1], token)
+
+        async def start_all(episodes) -> list[str]:
+            async with client_session() as client:
+                starter = PatientPlayer(client, nginx.url)
+                return await asyncio.gather(*[starter.start(e) for e in episodes])
+
+        episodes = make_episodes(40, seed=33)
+        cookies = asyncio.run(start_all(episodes))
+        gone = {e.session_id for e in episodes if _holder(redis_url, e.session_id) in killed}
+        pods.remove(plain_servers[ports[0]]["metadata"]["name"])
+        replies = asyncio.run(_observe_after_a_kill(nginx.url, episodes, cookies))
+        assert 0 < len(gone) < 40
+        assert {s for s, r in replies.items() if r == (410, "session_gone")} == gone, replies
+        assert all(r[0] == 200 for s, r in replies.items() if s not in gone), replies
+        print(f"without --durable-sessions, a pod killed: its {len(gone)} sessions of 40 "
+              f"answer 410 session_gone, the other {40 - len(gone)} 200")  # fmt: skip
     except BaseException:
         for name in pods.played:
             print(f"--- {name}\n{pods.logs(name)}")
