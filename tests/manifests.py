@@ -37,6 +37,8 @@ __all__ = [
 ]
 
 KUBERNETES = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+#: The image's VOLUME (deploy/Containerfile): its runtime directory.
+IMAGE_VOLUME = "/run/gym-sessions"
 
 Resource = dict[str, Any]
 
@@ -52,7 +54,12 @@ PODMAN_CHANGES = {
     "livenessProbe": "podman 4.3 runs it with curl from a systemd timer: neither is here",
     "readinessProbe": "not read by podman 4.3; the test polls /ready",
     "lifecycle": "not read by podman 4.3; the test waits the preStop sleep itself",
-    "volumes": "the Secret (no Secret kind in podman 4.3) as a host directory",
+    "volumes": "the Secret (no Secret kind in podman 4.3) as a host directory; emptyDir "
+    "volumes named after their pod (podman 4.3 names one as the manifest does: pods of one "
+    "template would share it)",
+    "initContainers": "the runtime emptyDir mounted there too: else podman 4.3 makes an "
+    "anonymous volume for the image's VOLUME and leaves it behind as it removes the init "
+    "container",
     "image": "Redis from Debian's packages (no registry reachable)",
 }
 
@@ -182,8 +189,31 @@ def _pod(template: Resource, name: str) -> Resource:
     for container in spec["containers"]:
         for field in ("ports", "livenessProbe", "readinessProbe", "lifecycle"):
             container.pop(field, None)
+    runtime = [m for c in spec["containers"] for m in c.get("volumeMounts", [])
+               if m["mountPath"] == IMAGE_VOLUME]  # fmt: skip
+    for init in spec.get("initContainers", []):
+        mounts = init.setdefault("volumeMounts", [])
+        if runtime and not any(m["mountPath"] == IMAGE_VOLUME for m in mounts):
+            mounts.append(dict(runtime[0]))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {**pod["metadata"], "name": name},
             "spec": spec}  # fmt: skip
+
+
+def _own_empty_dirs(pod: Resource) -> None:
+    """Name the pod's ``emptyDir`` volumes ``<pod>-<volume>``.
+
+    podman 4.3 makes an ``emptyDir`` a volume named as the manifest names it, so
+    every pod of a template would share one: the pod's own name keeps them apart.
+    """
+    spec, prefix = pod["spec"], pod["metadata"]["name"] + "-"
+    names = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+    for volume in spec["volumes"]:
+        if volume["name"] in names:
+            volume["name"] = prefix + volume["name"]
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] in names:
+                mount["name"] = prefix + mount["name"]
 
 
 def podman_pods(
@@ -224,6 +254,7 @@ def podman_pods(
             if "secret" in volume:
                 del volume["secret"]
                 volume["hostPath"] = {"path": secret_dir, "type": "Directory"}
+        _own_empty_dirs(pod)
         servers[port] = pod
     return redis, servers
 

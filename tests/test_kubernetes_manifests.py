@@ -14,7 +14,15 @@ from gym_sessions.metrics import METRICS_PATH
 from gym_sessions.server import create_app
 from gym_sessions.server.targets import load_target
 
-from .manifests import KUBERNETES, PODMAN_CHANGES, args_value, find, load_kustomization, podman_pods
+from .manifests import (
+    IMAGE_VOLUME,
+    KUBERNETES,
+    PODMAN_CHANGES,
+    args_value,
+    find,
+    load_kustomization,
+    podman_pods,
+)
 from .manifests import render as render_kustomization
 
 DIRECTORIES = {"base": KUBERNETES / "base", "example": KUBERNETES / "overlays" / "example"}
@@ -170,6 +178,16 @@ def test_the_podman_pods_differ_from_the_manifests_only_where_podman_needs(rende
         assert args_value(server["args"], "--claims") == "redis://127.0.0.1:6400/0"
         workers = int(want["resources"]["requests"]["cpu"])
         assert args_value(server["args"], "--workers") == str(workers)
+        # emptyDir volumes carry the pod's name (podman would share them between pods).
+        for container in [*spec["initContainers"], *spec["containers"]]:
+            for mount in container["volumeMounts"]:
+                mount["name"] = mount["name"].removeprefix(pod["metadata"]["name"] + "-")
+        # The init container: as in the manifests, plus the runtime directory's mount.
+        (init,), (want_init,) = spec.pop("initContainers"), expected.pop("initContainers")
+        added = [m for m in init["volumeMounts"] if m not in want_init["volumeMounts"]]
+        assert added == [m for m in want["volumeMounts"] if m["mountPath"] == IMAGE_VOLUME]
+        init["volumeMounts"] = want_init["volumeMounts"]
+        assert init == want_init
         for field in PODMAN_CHANGES:
             spec.pop(field, None)
             expected.pop(field, None)

@@ -53,6 +53,10 @@ REDIS_IMAGE = "localhost/gym-sessions-redis:bookworm"
 _NPROC = 8192
 
 
+#: The names of a container's volumes, from ``podman inspect``.
+_VOLUMES = '{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}'
+
+
 class KubePlay:
     """Pods played from YAML files by ``podman kube play``; `close` removes every one."""
 
@@ -91,13 +95,24 @@ class KubePlay:
             if not name.endswith("-infra")
         )
 
-    def remove(self, pod: str) -> None:
-        """``podman pod rm --force --time 0``: SIGKILL at once, as a lost node."""
-        self.podman("pod", "rm", "--force", "--time", "0", pod)
+    def remove(self, pod: str, check: bool = True) -> None:
+        """``podman pod rm --force --time 0`` (SIGKILL at once, as a lost node), and its volumes.
+
+        ``podman pod rm`` leaves the anonymous volumes behind that podman makes
+        for ``emptyDir``; they are removed by name once the pod is gone.
+        """
+        containers = self.podman("ps", "--all", "--quiet", "--filter", f"pod={pod}", check=False)
+        volumes = []
+        for container in containers.stdout.split():
+            mounts = self.podman("inspect", "--format", _VOLUMES, container, check=False)
+            volumes += mounts.stdout.split()
+        self.podman("pod", "rm", "--force", "--time", "0", pod, check=check)
+        if volumes:
+            self.podman("volume", "rm", "--force", *set(volumes), check=False)
 
     def close(self) -> None:
         for name in self.played:
-            self.podman("pod", "rm", "--force", "--time", "0", name, check=False)
+            self.remove(name, check=False)
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, str]:
@@ -160,11 +175,11 @@ async def _observe_after_a_kill(url: str, episodes, cookies) -> dict[str, tuple[
         player = DurablePlayer(client, url)
 
         async def observe(cookie: str) -> tuple[int, str | None]:
-            for _ in range(50):
+            for _ in range(PatientPlayer.resends):
                 status, data, _ = await player.post("/observe", {}, cookie)
                 if status not in WAYS_OUT:
                     break
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(PatientPlayer.resend_delay)
             code = data.get("error", {}).get("code") if isinstance(data, dict) else None
             return status, code
 
@@ -185,17 +200,17 @@ class PatientPlayer(DurablePlayer):
     worker ran it, and is taken as done, as `DurablePlayer` does).
     """
 
-    resends = 20
+    resends = 40
     resend_delay = 0.1
 
     async def _observe(self, cookie: str | None) -> tuple[object, str | None]:
-        for _ in range(100):
+        for _ in range(self.resends):
             status, data, cookie = await self.post("/observe", {}, cookie)
             if status == 200:
                 return data, cookie
             assert status in WAYS_OUT, data
             self.observe_resends += 1
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(self.resend_delay)
         raise AssertionError("/observe kept failing")
 
 
@@ -293,7 +308,9 @@ def test_the_manifests_under_podman_kube_play_lose_no_episode(images, tmp_path):
     redis_url = args_value(servers[ports[0]]["spec"]["containers"][0]["args"], "--claims")
     assert redis_url is not None
     pods = KubePlay(tmp_path)
-    nginx = NginxProcess([f"http://127.0.0.1:{p}" for p in ports])
+    # As a Service: no pod is ever taken out for a failed request (a refused
+    # connection still goes on to the next pod).
+    nginx = NginxProcess([f"http://127.0.0.1:{p}" for p in ports], server_options="max_fails=0")
     try:
         started = time.monotonic()
         pods.play(redis)
@@ -400,6 +417,7 @@ def test_the_manifests_under_podman_kube_play_lose_no_episode(images, tmp_path):
     except BaseException:
         for name in pods.played:
             print(f"--- {name}\n{pods.logs(name)}")
+        print(f"--- nginx\n{nginx.log()}")
         raise
     finally:
         nginx.close()
