@@ -8,11 +8,12 @@ changes is listed there and held to the manifests by
 tests/test_kubernetes_manifests.py). nginx round robin in front stands for the
 Service. Every request is on a new connection.
 
-One test, three scenes on the same pods, to keep the image build and the pod
-starts to once: 200 episodes over both pods; a pod deleted at once (SIGKILL,
-as a lost node) with episodes open; a rolling restart (a new pod, then SIGTERM
-to an old one, as the Deployment's RollingUpdate does). ``--durable-sessions``
-is on in the manifests, so no episode may be lost in either.
+One test, four scenes, to build the image and start Redis once: 200 episodes
+over both pods; a pod deleted at once (SIGKILL, as a lost node) with episodes
+open; a rolling restart (new pods, then SIGTERM to an old one, as the
+Deployment's RollingUpdate does). ``--durable-sessions`` is on in the
+manifests, so no episode may be lost in either. Last, the manifests without
+it: a pod killed, and exactly its sessions answer 410.
 """
 
 from __future__ import annotations
