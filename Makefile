@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv demo test test-slow lint typecheck docs uvicorn-latest clean image base-image
+.PHONY: venv demo test test-slow lint typecheck docs uvicorn-latest clean image base-image redis-image
 
 venv: $(STAMP)
 
@@ -74,6 +74,8 @@ clean:
 export CONTAINERS_CONF ?= $(CURDIR)/deploy/podman/containers.conf
 IMAGE ?= localhost/gym-sessions:dev
 BASE_IMAGE := localhost/gym-sessions-base:bookworm
+# Redis for `podman kube play` of deploy/kubernetes where no registry is reachable.
+REDIS_IMAGE := localhost/gym-sessions-redis:bookworm
 IMAGE_BASE ?= $(BASE_IMAGE)
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 
@@ -86,7 +88,14 @@ base-image:
 
 image: venv $(if $(filter $(BASE_IMAGE),$(IMAGE_BASE)),base-image)
 	rm -rf build/image && mkdir -p build/image/dist
-	$(BIN)/python -m pip wheel --no-deps --no-build-isolation -q -w build/image/dist .
+	@# A wheel of unchanged sources is byte for byte the same (timestamps from the last
+	@# commit), so podman reuses its cached layers instead of installing it again.
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+		$(BIN)/python -m pip wheel --no-deps --no-build-isolation -q -w build/image/dist .
 	podman build --format docker --network=host \
 		$(if $(wildcard $(CA_BUNDLE)),--volume $(dir $(CA_BUNDLE)):$(dir $(CA_BUNDLE)):ro --build-arg PIP_CERT=$(CA_BUNDLE)) \
 		--build-arg BASE=$(IMAGE_BASE) -f deploy/Containerfile -t $(IMAGE) build/image
+
+redis-image: base-image
+	podman build --network=host --build-arg BASE=$(BASE_IMAGE) \
+		-f deploy/podman/Containerfile.redis -t $(REDIS_IMAGE) deploy/podman

@@ -226,17 +226,27 @@ class NginxProcess:
         balance: ``round_robin`` (each request to the next server) or
             ``sticky_header`` (consistent hash of ``X-Session-Id``).
         workers: nginx worker processes (``auto``: one per core).
+        server_options: Parameters of every ``server`` line, e.g. ``max_fails=0``
+            (never take a server for down: nginx's default takes one error for
+            10 s of down, and with every server down answers 502 at once).
     """
 
     def __init__(
-        self, upstreams: Sequence[str], balance: str = "round_robin", workers: str = "auto"
+        self,
+        upstreams: Sequence[str],
+        balance: str = "round_robin",
+        workers: str = "auto",
+        server_options: str = "",
     ) -> None:
         self.program = require("nginx", "nginx")
         self.prefix = tempfile.mkdtemp(prefix="gs-nginx-", dir="/tmp")
         os.chmod(self.prefix, 0o755)  # nginx workers may run as another user
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        servers = "\n".join(f"        server {url.split('://', 1)[1]};" for url in upstreams)
+        servers = "\n".join(
+            f"        server {url.split('://', 1)[1]} {server_options};".replace(" ;", ";")
+            for url in upstreams
+        )
         self.conf = os.path.join(self.prefix, "nginx.conf")
         with open(self.conf, "w") as file:
             file.write(

@@ -32,6 +32,10 @@ class DurablePlayer:
     such failure is counted on its episode.
     """
 
+    #: How many times a failed ``/verify`` or ``/close_session`` is sent again.
+    resends = 1
+    resend_delay = 0.0
+
     def __init__(self, client: aiohttp.ClientSession, url: str) -> None:
         self.client = client
         self.url = url
@@ -117,8 +121,12 @@ class DurablePlayer:
             self.steps_done += 1
             await asyncio.sleep(0.01)  # think: episodes are still open when the kill comes
         status, data, cookie = await self.post("/verify", {}, cookie, {CLOSE_FOLLOWS_HEADER: "1"})
-        if status != 200:  # verify with close-follows only reads: send it again
+        for _ in range(self.resends):
+            if status == 200:
+                break
+            # verify with close-follows only reads: send it again
             self._failed(episode, "/verify", status)
+            await asyncio.sleep(self.resend_delay)
             status, data, cookie = await self.post(
                 "/verify", {}, cookie, {CLOSE_FOLLOWS_HEADER: "1"}
             )
@@ -128,11 +136,16 @@ class DurablePlayer:
         if not self.killed:
             self.open_at_kill.discard(episode.session_id)
         status, data, _ = await self.post("/close_session", close, cookie)
-        if status != 200:
-            # In flight at the kill: a close is idempotent, send it again. If
-            # the dead worker ran it, its snapshot went with it: 410 then.
-            self._failed(episode, "/close_session", status)
-            status, data, _ = await self.post("/close_session", close, cookie)
-            assert status in (200, 410), data
-        else:
+        if status == 200:
             assert data["outcome"] == "closed", data
+            return
+        for _ in range(self.resends):
+            # In flight at the kill: a close is idempotent, send it again. If
+            # the dead worker ran it, its snapshot went with it: 410 then (or,
+            # restored elsewhere before, already_closed).
+            self._failed(episode, "/close_session", status)
+            await asyncio.sleep(self.resend_delay)
+            status, data, _ = await self.post("/close_session", close, cookie)
+            if status in (200, 410):
+                break
+        assert status in (200, 410), data
