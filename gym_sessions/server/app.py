@@ -1,8 +1,8 @@
 """The app factory: one settings object and one server give a worker's ASGI app.
 
 The stack, outside in: `WebSocketSessions` (``/ws``), `MetricsMiddleware`
-(unless ``--metrics off``), then
-`SessionRouter` (the routing rule; ``request.session`` and the cookie with
+(unless ``--metrics off``), `CompressedReplies` (zstd for binary replies a
+client asks it for), then `SessionRouter` (the routing rule; ``request.session`` and the cookie with
 `SessionCookie`), then the Starlette app with the server's routes, bare and
 under ``/rollouts/{id}/``.
 With several workers and routing on, the app also runs the worker's private
