@@ -11,6 +11,9 @@ import asyncio
 import os
 import signal
 import threading
+import time
+import urllib.request
+from collections import Counter
 
 import gymnasium as gym
 import numpy as np
@@ -281,6 +284,7 @@ def test_sigkilled_worker_names_the_lost_sub_env(serve):
         assert owners == list(vector.workers)  # /health after reset names the claimant
         victim = owners[5]
         lost = [i for i, owner in enumerate(owners) if owner == victim]
+        assert len(lost) == 2  # spread: the victim held 2 of the 8
         os.kill(int(victim.split("-")[0]), signal.SIGKILL)
 
         with pytest.raises(SessionGoneError) as info:
@@ -299,5 +303,115 @@ def test_sigkilled_worker_names_the_lost_sub_env(serve):
         assert victim not in vector.workers
         observations, *_ = envs.step(np.ones(8, dtype=np.int64))
         assert observations.tolist() == [3] * 8
+    finally:
+        envs.close()
+
+
+# ----------------------------------------------------------------------------- spread over workers
+
+
+def step_batches(url: str) -> float:
+    """The server's count of answered ``/step_batch`` requests (``GET /metrics``)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('gym_sessions_requests_total{route="/step_batch"')
+    )
+
+
+@pytest.mark.parametrize(
+    ("group_size", "spread"), [(None, [2, 2, 2, 2]), (64, [8])], ids=["default", "groups-of-64"]
+)
+def test_make_vec_spreads_its_sessions_over_the_workers_one_batch_per_holder(
+    serve, group_size, spread
+):
+    server = serve(COUNTER, workers=4)
+    (runtime_dir,) = server.runtime_dirs()
+    envs = gym.make_vec(REMOTE, num_envs=8, url=server.url, batch_group_size=group_size)
+    try:
+        envs.reset()
+        vector = envs.unwrapped
+        holders = [claim_owner(runtime_dir, sid) for sid in vector.session_ids]
+        assert sorted(Counter(holders).values()) == spread
+        assert holders == list(vector.workers)
+        before = step_batches(server.url)
+        for _ in range(5):
+            observations, *_ = envs.step(np.ones(8, dtype=np.int64))
+        assert observations.tolist() == [5] * 8
+        assert step_batches(server.url) - before == 5 * len(spread)  # one per holder a step
+    finally:
+        envs.close()
+
+
+def run_until_a_worker_dies(envs, victim: str, steps: int) -> tuple[int, BaseException | None]:
+    """Step ``envs`` (actions 1) ``steps`` times, killing ``victim`` a third of the way in.
+
+    Returns the steps that returned and the error that stopped them, if any.
+    """
+    done = 0
+    for done in range(steps):
+        if done == steps // 3:
+            os.kill(int(victim.split("-")[0]), signal.SIGKILL)
+        try:
+            envs.step(np.ones(envs.num_envs, dtype=np.int64))
+        except SessionGoneError as error:
+            return done, error
+    return steps, None
+
+
+def test_a_worker_killed_mid_run_takes_only_its_own_sub_envs(serve):
+    server = serve(COUNTER, workers=4)
+    envs = gym.make_vec(REMOTE, num_envs=8, url=server.url)
+    try:
+        envs.reset()
+        vector = envs.unwrapped
+        owners, sessions = vector.workers, vector.session_ids
+        victim = owners[2]
+        lost = [i for i, owner in enumerate(owners) if owner == victim]
+        assert len(lost) == 2
+
+        done, error = run_until_a_worker_dies(envs, victim, 30)
+        assert isinstance(error, SessionGoneError) and error.env_index == lost[0]
+        assert done >= 10
+
+        # As documented: a full reset replaces exactly the lost sessions, on
+        # the live workers; the other 6 keep their sessions and workers.
+        envs.reset()
+        kept = [i for i in range(8) if i not in lost]
+        assert [vector.session_ids[i] == sessions[i] for i in range(8)] == [
+            i in kept for i in range(8)
+        ]
+        assert [vector.workers[i] for i in kept] == [owners[i] for i in kept]
+        assert victim not in vector.workers
+        assert sorted(Counter(vector.workers).values()) == [2, 3, 3]
+        for _ in range(3):
+            observations, *_ = envs.step(np.ones(8, dtype=np.int64))
+        assert observations.tolist() == [3] * 8
+    finally:
+        envs.close()
+
+
+def test_a_worker_killed_mid_run_loses_no_durable_sub_env(serve):
+    server = serve(COUNTER, "--durable-sessions", workers=4)
+    envs = gym.make_vec(REMOTE, num_envs=8, url=server.url)
+    try:
+        envs.reset()
+        vector = envs.unwrapped
+        owners = vector.workers
+        victim = owners[2]
+        lost = [i for i, owner in enumerate(owners) if owner == victim]
+        assert len(lost) == 2
+
+        started = time.monotonic()
+        done, error = run_until_a_worker_dies(envs, victim, 30)
+        assert (done, error) == (30, None), f"{time.monotonic() - started:.1f} s"
+        observations, *_ = envs.step(np.ones(8, dtype=np.int64))
+        assert observations.tolist() == [31] * 8  # every step counted once, the lost ones too
+        assert [owner for i, owner in enumerate(vector.workers) if i not in lost] == [
+            owner for i, owner in enumerate(owners) if i not in lost
+        ]
+        assert victim not in vector.workers  # restored on live workers
     finally:
         envs.close()
