@@ -50,10 +50,10 @@ MODES = {"spread": None, "packed": 64}
 WARMUP_STEPS = 10
 
 
-def measure(url: str, mode: str, steps: int, seed: int = 0) -> dict[str, Any]:
+def measure(server: Any, mode: str, steps: int, seed: int = 0) -> dict[str, Any]:
     """One measurement: create, reset, warm up, time ``steps`` vector steps, close."""
     envs = gym.make_vec(
-        "gym_sessions/Remote-v0", num_envs=NUM_ENVS, url=url, batch_group_size=MODES[mode]
+        "gym_sessions/Remote-v0", num_envs=NUM_ENVS, url=server.url, batch_group_size=MODES[mode]
     )
     try:
         started = time.perf_counter()
@@ -64,11 +64,13 @@ def measure(url: str, mode: str, steps: int, seed: int = 0) -> dict[str, Any]:
         for row in actions[:WARMUP_STEPS]:
             envs.step(row)
         cpu = time.process_time()
+        server_cpu = _common.tree_cpu_seconds(server.process.pid)
         started = time.perf_counter()
         for row in actions[WARMUP_STEPS:]:
             envs.step(row)
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu
+        server_cpu = _common.tree_cpu_seconds(server.process.pid) - server_cpu
         per_worker = sorted(Counter(envs.unwrapped.workers).values(), reverse=True)
     finally:
         envs.close()
@@ -77,6 +79,8 @@ def measure(url: str, mode: str, steps: int, seed: int = 0) -> dict[str, Any]:
         "seconds": seconds,
         "first_reset_seconds": reset_seconds,
         "caller_cpu_us_per_step": cpu / (NUM_ENVS * steps) * 1e6,
+        # All the server's processes (the env's own step included), in clock ticks.
+        "server_cpu_us_per_step": server_cpu / (NUM_ENVS * steps) * 1e6,
         "sessions_per_worker": per_worker,
     }
 
@@ -97,7 +101,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             shift = round_ % len(configs)
             for mode, workers in configs[shift:] + configs[:shift]:
-                result = measure(servers[workers].url, mode, args.steps, seed=round_)
+                result = measure(servers[workers], mode, args.steps, seed=round_)
                 runs[mode, workers].append(result)
                 print(
                     f"round {round_} {mode} at {workers} workers: "
@@ -107,7 +111,7 @@ def main() -> None:
                 )
 
     headers = ["workers", "mode", "steps/s (median)", "min - max", "sessions per worker"]
-    headers += ["first reset ms", "caller CPU us/step"]
+    headers += ["first reset ms", "caller CPU us/step", "server CPU us/step"]
     rows: list[list[Any]] = []
     gains: dict[int, dict[str, Any]] = {}
     for workers in WORKER_COUNTS:
@@ -124,6 +128,7 @@ def main() -> None:
                     ", ".join(f"{p} x{k}" for p, k in placements.items()),
                     f"{statistics.median(r['first_reset_seconds'] for r in cell) * 1e3:.0f}",
                     f"{statistics.median(r['caller_cpu_us_per_step'] for r in cell):.0f}",
+                    f"{statistics.median(r['server_cpu_us_per_step'] for r in cell):.0f}",
                 ]
             )
         ratios = [
