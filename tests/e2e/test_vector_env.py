@@ -8,6 +8,7 @@ actions, every observation, reward, flag and info must be identical.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import threading
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.e2e
 
 REMOTE = "gym_sessions/Remote-v0"
 COUNTER = "envs.counter:CounterEnv"
+CPU_COUNTER = "envs.cpu_counter:CpuCounterEnv"
 
 
 @pytest.fixture(scope="module")
@@ -345,15 +347,22 @@ def test_make_vec_spreads_its_sessions_over_the_workers_one_batch_per_holder(
         envs.close()
 
 
-def run_until_a_worker_dies(envs, victim: str, steps: int) -> tuple[int, BaseException | None]:
+def run_until_a_worker_dies(
+    envs, victim: str, steps: int, during_step: bool = False
+) -> tuple[int, BaseException | None]:
     """Step ``envs`` (actions 1) ``steps`` times, killing ``victim`` a third of the way in.
 
+    Between two steps, or (``during_step``) from another thread 1 ms into a step.
     Returns the steps that returned and the error that stopped them, if any.
     """
     done = 0
     for done in range(steps):
         if done == steps // 3:
-            os.kill(int(victim.split("-")[0]), signal.SIGKILL)
+            kill = functools.partial(os.kill, int(victim.split("-")[0]), signal.SIGKILL)
+            if during_step:
+                threading.Timer(0.001, kill).start()
+            else:
+                kill()
         try:
             envs.step(np.ones(envs.num_envs, dtype=np.int64))
         except SessionGoneError as error:
@@ -361,8 +370,10 @@ def run_until_a_worker_dies(envs, victim: str, steps: int) -> tuple[int, BaseExc
     return steps, None
 
 
-def test_a_worker_killed_mid_run_takes_only_its_own_sub_envs(serve):
-    server = serve(COUNTER, workers=4)
+@pytest.mark.parametrize("during_step", [False, True], ids=["between-steps", "during-a-step"])
+def test_a_worker_killed_mid_run_takes_only_its_own_sub_envs(serve, during_step):
+    # The CPU counter's step burns 1 ms: a kill 1 ms into a vector step lands inside it.
+    server = serve(CPU_COUNTER, workers=4)
     envs = gym.make_vec(REMOTE, num_envs=8, url=server.url)
     try:
         envs.reset()
@@ -372,9 +383,9 @@ def test_a_worker_killed_mid_run_takes_only_its_own_sub_envs(serve):
         lost = [i for i, owner in enumerate(owners) if owner == victim]
         assert len(lost) == 2
 
-        done, error = run_until_a_worker_dies(envs, victim, 30)
-        assert isinstance(error, SessionGoneError) and error.env_index == lost[0]
-        assert done >= 10
+        done, error = run_until_a_worker_dies(envs, victim, 30, during_step)
+        assert isinstance(error, SessionGoneError) and error.env_index == lost[0], error
+        assert done in (10, 11)
 
         # As documented: a full reset replaces exactly the lost sessions, on
         # the live workers; the other 6 keep their sessions and workers.
