@@ -481,7 +481,8 @@ class RemoteVectorEnv(VectorEnv):
         beside = [i for i in indices if self.envs[i].starts_beside_leader]
         spread = self.batch_group_size is None
         one_by_one = [i for i in indices if spread and self.envs[i].starts_session]
-        at_once = [i for i in indices if i not in beside and i not in one_by_one]
+        later = {*beside, *one_by_one}
+        at_once = [i for i in indices if i not in later]
         replies: dict[int, tuple[Any, dict[str, Any]]] = {}
         for phase in (at_once, beside):
             if phase:
