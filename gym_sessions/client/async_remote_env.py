@@ -200,12 +200,17 @@ class AsyncRemoteEnv:
         return self._np_random_seed
 
     @property
+    def starts_session(self) -> bool:
+        """Whether the next `reset` starts a new session (the server places it on a worker)."""
+        protocol = self.protocol
+        return protocol.closed or not protocol.started
+
+    @property
     def starts_beside_leader(self) -> bool:
         """Whether the next `reset` starts a new session beside `starts_over`'s (a batch group)."""
         if self.starts_over is None or self.starts_over is self:
             return False
-        protocol = self.protocol
-        return protocol.closed or not protocol.started
+        return self.starts_session
 
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -216,7 +221,7 @@ class AsyncRemoteEnv:
         if seed is not None:
             self._np_random, self._np_random_seed = seeding.np_random(seed)
         # A session's first start picks its worker; later resets reach it anyway.
-        first_start = protocol.closed or not protocol.started
+        first_start = self.starts_session
         request = protocol.reset_request(seed, options)
         over = None
         leader = self.starts_over

@@ -17,7 +17,12 @@ Every rule of a single step holds for each entry:
   its sub-envs recovers as a lost ``/step`` does (`StepRecovery`, over its own
   connection): ``/observe`` tells whether its step ran, then it is sent alone
   again or `ConnectionLostError` says it ran; so does an entry whose result is
-  a 502 (its holder died with the entry sent to it);
+  a 502 (its holder died with the entry sent to it), and a whole batch
+  answered 502;
+- a recovery that meets a 502 itself (its ``/observe`` went over a hop to the
+  holder that had just died; with durable sessions the next request restores
+  the session) recovers once more: ``/observe`` changes nothing, and the
+  episode length it reads decides as before, so no step runs twice;
 - a timeout or another error of the whole batch is every entry's error;
 - a sub-env without a session cookie yet (a reply that set none) steps alone.
 """
@@ -105,7 +110,7 @@ class StepBatch:
                 raise InternalServerError(
                     f"the server answered a batch of {len(chunk)} with {len(replies)} results"
                 )
-        except ConnectionLostError as lost:
+        except (ConnectionLostError, BadGatewayError) as lost:
             await asyncio.gather(*(self._recover(i, lost, results) for i, _ in chunk))
             return
         except GymSessionsError as error:
@@ -129,6 +134,9 @@ class StepBatch:
         results: dict[int, StepResult | BaseException],
     ) -> None:
         try:
-            results[i] = await self.envs[i].recover_lost_step(self.actions[i], lost)
+            try:
+                results[i] = await self.envs[i].recover_lost_step(self.actions[i], lost)
+            except BadGatewayError:
+                results[i] = await self.envs[i].recover_lost_step(self.actions[i], lost)
         except GymSessionsError as error:
             results[i] = error

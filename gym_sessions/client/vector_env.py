@@ -18,6 +18,16 @@ does (``metadata["autoreset_mode"]``):
 - ``DISABLED``: nothing resets by itself; reset ended sub-envs with
   ``reset(options={"reset_mask": mask})`` before stepping again.
 
+Where the sessions live: by default each sub-env starts its session over its
+own connection, one after another at its first start, so the server's
+balanced placement (``--placement balanced``, its default) puts each on the
+worker with the fewest sessions at that moment: 8 sub-envs on 4 idle workers
+hold 2 each. A step then sends one ``/step_batch`` per holding worker, all at
+once (`gym_sessions.client.step_batch`), so a CPU-heavy env steps on every
+worker in parallel, and a worker's death takes only its own sub-envs.
+``batch_group_size=N`` packs groups of N on one worker instead (one request
+per group: cheaper for an env whose step costs less than a request).
+
 A sub-env that fails stops the batch: `SessionGoneError` (its worker has
 exited) names the sub-env in its message and in ``env_index``; other errors
 carry ``env_index`` and a note. The other sub-envs may have stepped, so the
@@ -35,10 +45,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any, TypeVar
 
@@ -200,6 +211,17 @@ def _close_abandoned(pid: int, loop: _VectorLoop, envs: list[AsyncRemoteEnv]) ->
         _close_and_stop(loop, envs, EXIT_CLOSE_TIMEOUT_SECONDS)
 
 
+async def _one_by_one(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    """Await each call after the one before (errors returned, as `_gather` does)."""
+    results: list[Any] = []
+    for call in calls:
+        try:
+            results.append(await call())
+        except Exception as error:
+            results.append(error)
+    return results
+
+
 async def _step_then_reset(
     env: AsyncRemoteEnv,
     step: Awaitable[tuple[Any, float, bool, bool, dict[str, Any]]],
@@ -253,15 +275,21 @@ class RemoteVectorEnv(VectorEnv):
         step_batch: Step the sub-envs with one ``POST /step_batch`` per worker
             holding some of them, when the server offers it (``/spaces``);
             ``False``: one ``/step`` per sub-env, as against an older server.
-        batch_group_size: With batches, sub-envs ``k * size`` to ``(k + 1) * size - 1``
-            start their sessions over sub-env ``k * size``'s connection, so one
-            worker holds the group and one request steps it: up to 64 sessions,
-            one request per step; 256, four (the groups may share a worker).
-            A request costs both sides far more than an entry, so fewer and
-            larger batches step faster, but one worker steps a group's entries
-            in turn: a smaller size spreads an env whose step is heavy over
-            more workers. ``1``: each sub-env starts over its own connection,
-            on any worker.
+        batch_group_size: ``None`` (the default): spread the sessions over
+            the server's workers. Each sub-env starts its session over its own
+            connection, one after another at its first start (one round trip
+            each, once), so balanced placement puts each on the worker with
+            the fewest sessions (8 on 4 idle workers: 2 each); a step is one
+            batch per holding worker, sent at once. A number: with batches,
+            sub-envs ``k * size`` to ``(k + 1) * size - 1`` start their
+            sessions over sub-env ``k * size``'s connection, so one worker
+            holds the group and one request steps it (64: up to 64 sessions,
+            one request per step). A request costs both sides far more than
+            an entry, so packed groups step a cheap env faster, but one worker
+            steps a group's entries in turn and its death takes the whole
+            group; spread, a heavy env steps on every worker at once.
+            ``1``: each sub-env starts over its own connection, all at once,
+            wherever placement puts it.
         transport: ``"http"``, or ``"ws"``: each sub-env's session over its own
             WebSocket (`AsyncRemoteEnv`'s ``transport``); then no step batches
             (a batch names many sessions, a WebSocket one): one step message
@@ -280,14 +308,14 @@ class RemoteVectorEnv(VectorEnv):
         copy: bool = True,
         headers: Mapping[str, str] | None = None,
         step_batch: bool = True,
-        batch_group_size: int = 64,
+        batch_group_size: int | None = None,
         verify: VerifyOption = True,
         cert: CertOption | None = None,
         transport: str = "http",
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, not {num_envs}")
-        if batch_group_size < 1:
+        if batch_group_size is not None and batch_group_size < 1:
             raise ValueError(f"batch_group_size must be at least 1, not {batch_group_size}")
         self.batch_group_size = batch_group_size
         self.num_envs = num_envs
@@ -356,6 +384,8 @@ class RemoteVectorEnv(VectorEnv):
 
     def _start_in_group(self, i: int) -> None:
         """With batches: sub-env ``i`` starts its sessions over its group leader's connection."""
+        if self.batch_group_size is None:
+            return  # spread: each over its own (`reset` starts them one by one)
         leader = i - i % self.batch_group_size
         if self.step_batch is not None and leader != i:
             self.envs[i].starts_over = self.envs[leader]
@@ -453,12 +483,26 @@ class RemoteVectorEnv(VectorEnv):
         self._episode_lengths[mask] = 0
 
         # A group's new sessions start beside its leader's (`AsyncRemoteEnv.reset`),
-        # which needs the leader's cookie: leaders' starts go first.
+        # which needs the leader's cookie: leaders' starts go first. Spread, new
+        # sessions start one after another: each start's placement then counts
+        # the ones before it (at once they could all see the same least busy worker).
         beside = [i for i in indices if self.envs[i].starts_beside_leader]
+        spread = self.batch_group_size is None
+        one_by_one = [i for i in indices if spread and self.envs[i].starts_session]
+        later = {*beside, *one_by_one}
+        at_once = [i for i in indices if i not in later]
         replies: dict[int, tuple[Any, dict[str, Any]]] = {}
-        for phase in ([i for i in indices if i not in beside], beside):
-            calls = [(i, self.envs[i].reset(seed=seeds[i], options=options)) for i in phase]
-            replies.update(zip(phase, self._call_all(calls), strict=True))
+        for phase in (at_once, beside):
+            if phase:
+                calls = [(i, self.envs[i].reset(seed=seeds[i], options=options)) for i in phase]
+                replies.update(zip(phase, self._call_all(calls), strict=True))
+        if one_by_one:
+            starts = [
+                functools.partial(self.envs[i].reset, seed=seeds[i], options=options)
+                for i in one_by_one
+            ]
+            started = self._checked(one_by_one, self._loop.run(_one_by_one(starts)))
+            replies.update(zip(one_by_one, started, strict=True))
         infos: dict[str, Any] = {}
         for i in indices:
             observation, info = replies[i]

@@ -85,8 +85,10 @@ class RemoteVecEnv(VecEnv):
         url: The server's base URL.
         num_envs: Number of sessions.
         env_kwargs: Passed to `RemoteVectorEnv`: ``render_mode``, ``timeout``,
-            ``retries``, ``headers``, ``max_episode_steps``, ``copy``. Not
-            ``autoreset_mode``: SB3's autoreset is fixed (``SAME_STEP``).
+            ``retries``, ``headers``, ``max_episode_steps``, ``copy``,
+            ``batch_group_size`` (the sessions are spread over the server's
+            workers unless it is given). Not ``autoreset_mode``: SB3's
+            autoreset is fixed (``SAME_STEP``).
 
     Raises:
         TypeError: ``autoreset_mode`` was given.

@@ -19,6 +19,7 @@ from gym_sessions.client import (
     AsyncRemoteEnv,
     ConnectionLostError,
     RemoteEnv,
+    RemoteVectorEnv,
     ReplyTimeoutError,
     run_episodes,
 )
@@ -144,20 +145,30 @@ def test_progress_bar_counts_episodes(counter, capsys):
 # Timeouts and retries ------------------------------------------------------------------------
 
 
+#: A hop behind the server broke (what a worker answers when a holder died mid-request).
+BAD_GATEWAY_BODY = b'{"error": {"code": "bad_gateway", "message": "a holder died (proxy)"}}'
+BAD_GATEWAY_REPLY = (
+    b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(BAD_GATEWAY_BODY), BAD_GATEWAY_BODY)
+)
+
+
 class FaultyProxy:
     """A TCP proxy in front of a server that breaks the first request matching ``target``.
 
     Faults: ``drop_reply`` forwards the request and closes the client's
     connection instead of replying; ``drop_request`` closes it without
-    forwarding; ``hold`` forwards nothing and never replies.
+    forwarding; ``hold`` forwards nothing and never replies; ``bad_gateway``
+    forwards nothing and answers 502 ``bad_gateway``. ``then``: a second
+    (target, fault), for the first matching request after that.
     """
 
-    def __init__(self, upstream_url: str, target: bytes, fault: str) -> None:
+    def __init__(
+        self, upstream_url: str, target: bytes, fault: str, then: tuple[bytes, str] | None = None
+    ) -> None:
         host, port = upstream_url.split("://", 1)[1].rsplit(":", 1)
         self.upstream = (host, int(port))
-        self.target = target
-        self.fault = fault
-        self.armed = True
+        self.faults = [(target, fault)] + ([then] if then else [])
         self.seen: list[bytes] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -185,12 +196,16 @@ class FaultyProxy:
             while data := await reader.read(65536):
                 if data[:4] in (b"GET ", b"POST"):
                     self.seen.append(data.split(b"\r\n", 1)[0])
-                if self.armed and data.startswith(self.target):
-                    self.armed = False
-                    if self.fault == "drop_request":
+                if self.faults and data.startswith(self.faults[0][0]):
+                    _, fault = self.faults.pop(0)
+                    if fault == "drop_request":
                         break
-                    if self.fault == "hold":
+                    if fault == "hold":
                         await asyncio.sleep(3600)
+                    if fault == "bad_gateway":
+                        writer.write(BAD_GATEWAY_REPLY)
+                        await writer.drain()
+                        break
                     drop_next_reply.set()
                 up_writer.write(data)
                 await up_writer.drain()
@@ -222,8 +237,8 @@ class FaultyProxy:
 def proxy(counter) -> Iterator:
     made: list[FaultyProxy] = []
 
-    def make(target: bytes, fault: str) -> FaultyProxy:
-        made.append(FaultyProxy(counter.url, target, fault))
+    def make(target: bytes, fault: str, then: tuple[bytes, str] | None = None) -> FaultyProxy:
+        made.append(FaultyProxy(counter.url, target, fault, then))
         return made[-1]
 
     yield make
@@ -291,6 +306,24 @@ def test_a_step_that_never_reached_the_server_is_sent_again(counter, proxy):
     assert env.step(1)[0] == 6
     env.close()
     assert faulty.requests(b"POST /observe") == 1
+
+
+def test_a_lost_batch_recovers_through_a_502_to_its_observe(counter, proxy):
+    # A vector env's batch is lost before it reaches the server; a sub-env's
+    # /observe then meets a 502 (a hop to the holder that had just died): it
+    # asks once more, finds the step did not run, and sends it again.
+    faulty = proxy(b"POST /step_batch", "drop_request", then=(b"POST /observe", "bad_gateway"))
+    envs = RemoteVectorEnv(2, faulty.url)
+    try:
+        envs.reset(options={"initial_count": 0})
+        observations, *_ = envs.step(np.array([5, 7]))
+        assert observations.tolist() == [5, 7]  # each step ran once
+        observations, *_ = envs.step(np.array([1, 1]))
+        assert observations.tolist() == [6, 8]
+    finally:
+        envs.close()
+    assert faulty.requests(b"POST /observe") == 3  # one 502, then one per sub-env
+    assert faulty.requests(b"POST /step_batch") == 2
 
 
 def test_a_step_without_reply_times_out_and_is_not_resent(counter, proxy):

@@ -165,14 +165,14 @@ def test_seeded_ppo_collects_the_same_rollouts_as_on_local_envs(cartpole_url):
         local.close()
 
 
-def test_close_frees_every_session(serve):
+def test_sessions_spread_over_the_workers_and_close_frees_every_one(serve):
     server = serve("CartPole-v1", workers=4)
-    env = VecMonitor(RemoteVecEnv(server.url, num_envs=6))
+    env = VecMonitor(RemoteVecEnv(server.url, num_envs=8))
     env.seed(0)
     env.reset()
-    env.step(np.zeros(6, dtype=np.int64))
+    env.step(np.zeros(8, dtype=np.int64))
     healths = asyncio.run(worker_healths(server, 4))
-    assert sum(h["open_sessions"] for h in healths.values()) == 6
+    assert [h["open_sessions"] for h in healths.values()] == [2, 2, 2, 2]  # counted by holder
     env.close()
     healths = asyncio.run(worker_healths(server, 4))
     assert len(healths) == 4

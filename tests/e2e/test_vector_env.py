@@ -8,9 +8,13 @@ actions, every observation, reward, flag and info must be identical.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import threading
+import time
+import urllib.request
+from collections import Counter
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +24,7 @@ from gymnasium.wrappers.vector import RecordEpisodeStatistics
 
 import gym_sessions  # noqa: F401  (registers gym_sessions/Remote-v0)
 from gym_sessions.client import AsyncRemoteEnv, RemoteVectorEnv
-from gym_sessions.errors import SessionGoneError
+from gym_sessions.errors import GymSessionsError, SessionGoneError
 from gym_sessions.server.process import start_server
 from tests.services import claim_owner
 
@@ -28,6 +32,7 @@ pytestmark = pytest.mark.e2e
 
 REMOTE = "gym_sessions/Remote-v0"
 COUNTER = "envs.counter:CounterEnv"
+CPU_COUNTER = "envs.cpu_counter:CpuCounterEnv"
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +286,7 @@ def test_sigkilled_worker_names_the_lost_sub_env(serve):
         assert owners == list(vector.workers)  # /health after reset names the claimant
         victim = owners[5]
         lost = [i for i, owner in enumerate(owners) if owner == victim]
+        assert len(lost) == 2  # spread: the victim held 2 of the 8
         os.kill(int(victim.split("-")[0]), signal.SIGKILL)
 
         with pytest.raises(SessionGoneError) as info:
@@ -299,5 +305,124 @@ def test_sigkilled_worker_names_the_lost_sub_env(serve):
         assert victim not in vector.workers
         observations, *_ = envs.step(np.ones(8, dtype=np.int64))
         assert observations.tolist() == [3] * 8
+    finally:
+        envs.close()
+
+
+# ----------------------------------------------------------------------------- spread over workers
+
+
+def step_batches(url: str) -> float:
+    """The server's count of answered ``/step_batch`` requests (``GET /metrics``)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('gym_sessions_requests_total{route="/step_batch"')
+    )
+
+
+@pytest.mark.parametrize(
+    ("group_size", "spread"), [(None, [2, 2, 2, 2]), (64, [8])], ids=["default", "groups-of-64"]
+)
+def test_make_vec_spreads_its_sessions_over_the_workers_one_batch_per_holder(
+    serve, group_size, spread
+):
+    server = serve(COUNTER, workers=4)
+    (runtime_dir,) = server.runtime_dirs()
+    envs = gym.make_vec(REMOTE, num_envs=8, url=server.url, batch_group_size=group_size)
+    try:
+        envs.reset()
+        vector = envs.unwrapped
+        holders = [claim_owner(runtime_dir, sid) for sid in vector.session_ids]
+        assert sorted(Counter(holders).values()) == spread
+        assert holders == list(vector.workers)
+        before = step_batches(server.url)
+        for _ in range(5):
+            observations, *_ = envs.step(np.ones(8, dtype=np.int64))
+        assert observations.tolist() == [5] * 8
+        assert step_batches(server.url) - before == 5 * len(spread)  # one per holder a step
+    finally:
+        envs.close()
+
+
+def run_until_a_worker_dies(
+    envs, victim: str, steps: int, during_step: bool = False
+) -> tuple[int, BaseException | None]:
+    """Step ``envs`` (actions 1) ``steps`` times, killing ``victim`` a third of the way in.
+
+    Between two steps, or (``during_step``) from another thread 1 ms into a step.
+    Returns the steps that returned and the error that stopped them, if any.
+    """
+    done = 0
+    for done in range(steps):
+        if done == steps // 3:
+            kill = functools.partial(os.kill, int(victim.split("-")[0]), signal.SIGKILL)
+            if during_step:
+                threading.Timer(0.001, kill).start()
+            else:
+                kill()
+        try:
+            envs.step(np.ones(envs.num_envs, dtype=np.int64))
+        except GymSessionsError as error:  # the assertions name it if it is not the one expected
+            return done, error
+    return steps, None
+
+
+@pytest.mark.parametrize("during_step", [False, True], ids=["between-steps", "during-a-step"])
+def test_a_worker_killed_mid_run_takes_only_its_own_sub_envs(serve, during_step):
+    # The CPU counter's step burns 1 ms: a kill 1 ms into a vector step lands inside it.
+    server = serve(CPU_COUNTER, workers=4)
+    envs = gym.make_vec(REMOTE, num_envs=8, url=server.url)
+    try:
+        envs.reset()
+        vector = envs.unwrapped
+        owners, sessions = vector.workers, vector.session_ids
+        victim = owners[2]
+        lost = [i for i, owner in enumerate(owners) if owner == victim]
+        assert len(lost) == 2
+
+        done, error = run_until_a_worker_dies(envs, victim, 30, during_step)
+        assert isinstance(error, SessionGoneError) and error.env_index == lost[0], error
+        assert done in (10, 11)
+
+        # As documented: a full reset replaces exactly the lost sessions, on
+        # the live workers; the other 6 keep their sessions and workers.
+        envs.reset()
+        kept = [i for i in range(8) if i not in lost]
+        assert [vector.session_ids[i] == sessions[i] for i in range(8)] == [
+            i in kept for i in range(8)
+        ]
+        assert [vector.workers[i] for i in kept] == [owners[i] for i in kept]
+        assert victim not in vector.workers
+        assert sorted(Counter(vector.workers).values()) == [2, 3, 3]
+        for _ in range(3):
+            observations, *_ = envs.step(np.ones(8, dtype=np.int64))
+        assert observations.tolist() == [3] * 8
+    finally:
+        envs.close()
+
+
+def test_a_worker_killed_mid_run_loses_no_durable_sub_env(serve):
+    server = serve(COUNTER, "--durable-sessions", workers=4)
+    envs = gym.make_vec(REMOTE, num_envs=8, url=server.url)
+    try:
+        envs.reset()
+        vector = envs.unwrapped
+        owners = vector.workers
+        victim = owners[2]
+        lost = [i for i, owner in enumerate(owners) if owner == victim]
+        assert len(lost) == 2
+
+        started = time.monotonic()
+        done, error = run_until_a_worker_dies(envs, victim, 30)
+        assert (done, error) == (30, None), f"{error!r} after {time.monotonic() - started:.1f} s"
+        observations, *_ = envs.step(np.ones(8, dtype=np.int64))
+        assert observations.tolist() == [31] * 8  # every step counted once, the lost ones too
+        assert [owner for i, owner in enumerate(vector.workers) if i not in lost] == [
+            owner for i, owner in enumerate(owners) if i not in lost
+        ]
+        assert victim not in vector.workers  # restored on live workers
     finally:
         envs.close()
