@@ -9,6 +9,7 @@ the server exits, which also ends the claims of workers that died.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import shutil
@@ -139,6 +140,16 @@ class RuntimeDirectory:
         os.mkdir(directory.states_dir, 0o700)
         os.mkdir(directory.snapshots_dir, 0o700)
         return directory
+
+    @staticmethod
+    def of_supervisor(pid: int, base: str | None = None) -> list[str]:
+        """The runtime directories supervisor ``pid`` made under ``base``, or in /tmp
+        where ``base`` was too long for socket paths (`create`'s fallback)."""
+        base = base or tempfile.gettempdir()
+        found: list[str] = []
+        for root in dict.fromkeys((base, "/tmp")):
+            found += glob.glob(os.path.join(root, f"gym-sessions-{pid}-*"))
+        return found
 
     @staticmethod
     def remove_abandoned(base: str | None = None) -> list[str]:

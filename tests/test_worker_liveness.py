@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,3 +95,17 @@ async def test_a_connection_to_a_killed_worker_is_refused_though_its_socket_acce
         listener.close()
         for writer in accepted:
             writer.close()
+
+
+def test_a_supervisors_runtime_directory_is_found_where_a_long_base_sent_it(tmp_path):
+    # A base too long for socket paths sends the runtime directory to /tmp;
+    # whoever looks for it by the supervisor's pid (`ServerProcess`) finds it there.
+    long_base = tmp_path / ("x" * 60)
+    long_base.mkdir()
+    made = RuntimeDirectory.create(str(long_base))
+    try:
+        assert os.path.dirname(made.path) == "/tmp"
+        assert RuntimeDirectory.of_supervisor(os.getpid(), str(long_base)) == [made.path]
+        assert RuntimeDirectory.of_supervisor(os.getpid() + 1_000_000, str(long_base)) == []
+    finally:
+        shutil.rmtree(made.path)

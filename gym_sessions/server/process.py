@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gym_sessions.runtime_dir import RuntimeDirectory
 from gym_sessions.settings import SECRET_ENV
 
 __all__ = ["ServerProcess", "live_parents", "start_server"]
@@ -56,17 +57,26 @@ class ServerProcess:
     owns_tmpdir: bool = False
 
     def runtime_dirs(self) -> list[str]:
-        """Runtime directories of this server (one while it runs with several workers)."""
-        return glob.glob(os.path.join(self.tmpdir, "gym-sessions-*"))
+        """Runtime directories of this server (one while it runs with several workers).
+
+        Inside ``tmpdir``, or in /tmp when ``tmpdir`` is too long for socket paths.
+        """
+        return RuntimeDirectory.of_supervisor(self.process.pid, self.tmpdir)
+
+    def _in_runtime_dirs(self, *parts: str) -> list[str]:
+        return [p for d in self.runtime_dirs() for p in glob.glob(os.path.join(d, *parts))]
 
     def claim_files(self) -> list[str]:
         """Claim files currently in the runtime directory."""
-        pattern = os.path.join(self.tmpdir, "gym-sessions-*", "claims", "*")
-        return [p for p in glob.glob(pattern) if not os.path.basename(p).startswith(".")]
+        return [
+            p
+            for p in self._in_runtime_dirs("claims", "*")
+            if not os.path.basename(p).startswith(".")
+        ]
 
     def worker_sockets(self) -> list[str]:
         """Private sockets of the live (or killed) workers."""
-        return glob.glob(os.path.join(self.tmpdir, "gym-sessions-*", "workers", "*.sock"))
+        return self._in_runtime_dirs("workers", "*.sock")
 
     def worker_pids(self) -> list[int]:
         """PIDs of the supervisor's live worker processes (Linux ``/proc``)."""
