@@ -268,6 +268,10 @@ class OwnedClaims:
         self._removing: dict[str, asyncio.Task[None]] = {}
         self._unremoved: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Takeovers whose store call is under way: the store may already name
+        # this worker (others forward here at once) before the claim is in
+        # memory; `claim` waits for the outcome rather than adopt it as new.
+        self._taking_over: dict[str, asyncio.Event] = {}
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._claims
@@ -398,18 +402,25 @@ class OwnedClaims:
         """
         if session_id in self._claims:
             return self.worker_id  # another request of ours took it over (or is restoring it)
-        other = await self.store.take_over(session_id, dead_holder)
-        if other is not None:
-            return other
-        if session_id in self._claims:
-            # Cannot happen: the store lets one taker win, and a request of
-            # ours that won meanwhile would have made the store answer our id.
-            logger.error("session %r was taken over twice by this worker", session_id)
-            return self.worker_id
-        self._claims[session_id] = _Claim(
-            idle_since=self._clock(), state=ClaimState.RESTORING, restore_done=asyncio.Event()
-        )
-        return None
+        decided = asyncio.Event()
+        self._taking_over.setdefault(session_id, decided)
+        try:
+            other = await self.store.take_over(session_id, dead_holder)
+            if other is not None:
+                return other
+            if session_id in self._claims:
+                # Cannot happen: the store lets one taker win, and a request of
+                # ours that won meanwhile would have made the store answer our id.
+                logger.error("session %r was taken over twice by this worker", session_id)
+                return self.worker_id
+            self._claims[session_id] = _Claim(
+                idle_since=self._clock(), state=ClaimState.RESTORING, restore_done=asyncio.Event()
+            )
+            return None
+        finally:
+            if self._taking_over.get(session_id) is decided:
+                del self._taking_over[session_id]
+            decided.set()
 
     def restored(self, session_id: str, incarnation: Incarnation) -> None:
         """The taken-over session was rebuilt: live here under its old incarnation."""
@@ -446,6 +457,13 @@ class OwnedClaims:
         """
         if session_id in self._claims:
             return None
+        taking = self._taking_over.get(session_id)
+        if taking is not None:
+            # A takeover of ours is under way (a loser forwarded here the moment
+            # the store named us): its claim, RESTORING, is the one to hold.
+            await taking.wait()
+            if session_id in self._claims:
+                return None
         await self._removed(session_id)
         # From here the sweep must not retry an old removal of this id: it
         # could land after our create and delete the claim we are taking.

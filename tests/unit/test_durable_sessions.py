@@ -9,6 +9,7 @@ takeover race itself runs in real processes racing on one claim file.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import logging
@@ -465,6 +466,40 @@ async def test_redis_racing_workers_take_a_session_over_once(durable_hosts):
     assert restored_total(c) == 1
     holders = [w.id for w in c.workers[1:] if sid in w.server._sessions]
     assert holders == [c.claim_owner(sid)]
+
+
+async def test_a_request_forwarded_to_the_winner_mid_takeover_waits_for_its_restore(
+    durable_hosts,
+):
+    # The winner's claim is in Redis the moment its takeover script ran, so a
+    # losing worker forwards there at once, maybe before the winner's own
+    # memory knows of the takeover. The forwarded request must wait for the
+    # restore, not adopt the claim as a fresh one (409, or an empty session).
+    # The window is widened here: the winner's takeover reply is delayed.
+    c = await durable_hosts(3)
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    await crash(c[0])
+    c.redis().delete(registration_key(c[0]))
+    store = c[1].app.claims.store
+    real_take_over = store.take_over
+    taken = asyncio.Event()
+
+    async def slow_take_over(session_id: str, dead_holder: str) -> str | None:
+        other = await real_take_over(session_id, dead_holder)
+        taken.set()
+        await asyncio.sleep(0.5)  # the winner's memory learns of it late
+        return other
+
+    store.take_over = slow_take_over
+    winner = asyncio.ensure_future(c[1].request("POST", "/observe", {}, cookie=cookie))
+    await asyncio.wait_for(taken.wait(), 10)
+    forwarded = await c[2].request("POST", "/observe", {}, cookie=cookie)
+    assert (await winner).status == 200
+    assert forwarded.status == 200, forwarded.json
+    assert forwarded.json == {"observation": 5, "episode_length": 0}
+    assert restored_total(c) == 1
+    assert c.claim_owner(sid) == c[1].id
 
 
 async def test_redis_a_forged_snapshot_is_never_loaded(durable_hosts, caplog):
