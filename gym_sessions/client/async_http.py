@@ -40,7 +40,6 @@ from gym_sessions.client.exchange import (
 )
 from gym_sessions.client.http11 import Http11Connection
 from gym_sessions.client.step_recovery import StepRecovery
-from gym_sessions.errors import GymSessionsError
 from gym_sessions.wire import SESSION_COOKIE
 
 __all__ = ["AsyncHTTPClient"]
@@ -157,14 +156,7 @@ class AsyncHTTPClient(HTTPClientBase):
 
     async def send_step(self, step: StepRecovery) -> Reply:
         """Send a step's requests until its reply is in (errors as for `send`)."""
-        while step.request is not None:
-            try:
-                reply = await self.send(step.request)
-            except GymSessionsError as error:
-                step.failed(error)  # returns only if there is a request to send next
-            else:
-                step.replied(reply)
-        return step.reply
+        return await step.drive_async(self.send)
 
     async def _round_trip(self, exchange: Exchange) -> tuple[int, list[tuple[str, str]], bytes]:
         if self._pool is None:

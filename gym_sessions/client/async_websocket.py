@@ -46,7 +46,6 @@ from gym_sessions.client.exchange import (
     TransportFailure,
 )
 from gym_sessions.client.step_recovery import StepRecovery
-from gym_sessions.errors import GymSessionsError
 from gym_sessions.wire import (
     CLOSE_FOLLOWS_HEADER,
     EPISODE_LENGTH_HEADER,
@@ -118,14 +117,7 @@ class AsyncWebSocketClient(HTTPClientBase):
 
     async def send_step(self, step: StepRecovery) -> Reply:
         """Send a step's requests until its reply is in (errors as for `send`)."""
-        while step.request is not None:
-            try:
-                reply = await self.send(step.request)
-            except GymSessionsError as error:
-                step.failed(error)  # returns only if there is a request to send next
-            else:
-                step.replied(reply)
-        return step.reply
+        return await step.drive_async(self.send)
 
     def _envelope(self, exchange: Exchange, request_id: int) -> str | bytes:
         headers = {

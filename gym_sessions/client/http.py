@@ -25,7 +25,6 @@ from gym_sessions.client.exchange import (
     TransportFailure,
 )
 from gym_sessions.client.step_recovery import StepRecovery
-from gym_sessions.errors import GymSessionsError
 
 __all__ = ["HTTPClient", "HTTPClientBase"]
 
@@ -85,14 +84,7 @@ class HTTPClient(HTTPClientBase):
 
     def send_step(self, step: StepRecovery) -> Reply:
         """Send a step's requests until its reply is in (errors as for `request`)."""
-        while step.request is not None:
-            try:
-                reply = self.send(step.request)
-            except GymSessionsError as error:
-                step.failed(error)  # returns only if there is a request to send next
-            else:
-                step.replied(reply)
-        return step.reply
+        return step.drive(self.send)
 
     def _connect(self) -> http.client.HTTPConnection:
         if self._connection is None:

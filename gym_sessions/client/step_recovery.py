@@ -32,7 +32,7 @@ The shells drive it (`HTTPClient.send_step`, `AsyncHTTPClient.send_step`): send
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.errors import (
@@ -117,6 +117,28 @@ class StepRecovery:
         if self._stage is _Stage.RESEND and isinstance(error, StepOutOfOrderError):
             raise self._ran() from error  # the first send ran after the /observe
         raise error
+
+    def drive(self, send: Callable[[Request], Reply]) -> Reply:
+        """Send `request` with ``send`` until the reply is in; the reply (or the error raised)."""
+        while self.request is not None:
+            try:
+                reply = send(self.request)
+            except GymSessionsError as error:
+                self.failed(error)  # returns only if there is a request to send next
+            else:
+                self.replied(reply)
+        return self.reply
+
+    async def drive_async(self, send: Callable[[Request], Awaitable[Reply]]) -> Reply:
+        """`drive` with an async ``send``."""
+        while self.request is not None:
+            try:
+                reply = await send(self.request)
+            except GymSessionsError as error:
+                self.failed(error)
+            else:
+                self.replied(reply)
+        return self.reply
 
     def _ran(self) -> ConnectionLostError:
         assert self._lost is not None  # only a lost step reply leads here
