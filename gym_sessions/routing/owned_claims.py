@@ -365,10 +365,14 @@ class OwnedClaims:
         Raises:
             ClaimsUnavailableError: the store cannot be reached.
         """
+        await self._takeover_settled(session_id)
         if session_id in self._claims:
             return self.worker_id
         await self._removed(session_id)
         holder = await self.store.read(session_id)
+        if holder == self.worker_id and self._took_over_meanwhile(session_id):
+            await self._takeover_settled(session_id)
+            return await self.holder(session_id)
         if self.owner_cache is not None:
             if holder is None or holder == self.worker_id:
                 self.owner_cache.forget(session_id)
@@ -400,6 +404,7 @@ class OwnedClaims:
         won (its restore may still run: `enter` waits for it), ``dead_holder``
         if nobody could take it.
         """
+        await self._takeover_settled(session_id)
         if session_id in self._claims:
             return self.worker_id  # another request of ours took it over (or is restoring it)
         decided = asyncio.Event()
@@ -421,6 +426,26 @@ class OwnedClaims:
             if self._taking_over.get(session_id) is decided:
                 del self._taking_over[session_id]
             decided.set()
+
+    async def _takeover_settled(self, session_id: str) -> None:
+        """Wait while a takeover of ``session_id`` by this worker awaits the store.
+
+        The store names this worker the moment its takeover script ran, before
+        the reply reaches us and the claim (RESTORING) is in memory: a store
+        read, a second takeover or a claim made in that gap would see our own
+        id without our claim and serve, adopt or refuse the session wrongly
+        (an empty session, 409 or 410). After the wait, memory and store agree.
+        """
+        while (taking := self._taking_over.get(session_id)) is not None:
+            await taking.wait()
+
+    def _took_over_meanwhile(self, session_id: str) -> bool:
+        """Whether a takeover of ours began while a store call for ``session_id`` was out.
+
+        Then the call may have seen the takeover's claim (our id) before memory
+        has it: the caller waits (`_takeover_settled`) and asks again.
+        """
+        return session_id in self._taking_over and session_id not in self._claims
 
     def restored(self, session_id: str, incarnation: Incarnation) -> None:
         """The taken-over session was rebuilt: live here under its old incarnation."""
@@ -455,20 +480,17 @@ class OwnedClaims:
         Raises:
             ClaimsUnavailableError: the store cannot be reached.
         """
+        await self._takeover_settled(session_id)
         if session_id in self._claims:
             return None
-        taking = self._taking_over.get(session_id)
-        if taking is not None:
-            # A takeover of ours is under way (a loser forwarded here the moment
-            # the store named us): its claim, RESTORING, is the one to hold.
-            await taking.wait()
-            if session_id in self._claims:
-                return None
         await self._removed(session_id)
         # From here the sweep must not retry an old removal of this id: it
         # could land after our create and delete the claim we are taking.
         self._unremoved.discard(session_id)
         other = await self.store.create(session_id)
+        if other == self.worker_id and self._took_over_meanwhile(session_id):
+            await self._takeover_settled(session_id)
+            return await self.claim(session_id, incarnation)
         if other is None or other == self.worker_id:
             if session_id not in self._claims:  # a concurrent claim may have won the await
                 # Our own id back: a claim of ours the store kept after this

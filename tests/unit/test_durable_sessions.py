@@ -462,7 +462,7 @@ async def test_redis_racing_workers_take_a_session_over_once(durable_hosts):
     replies = await _gather(
         [w.request("POST", "/observe", {}, cookie=cookie) for w in c.workers[1:] for _ in range(3)]
     )
-    assert [r.status for r in replies] == [200] * 15
+    assert [r.status for r in replies] == [200] * 15, "; ".join(f"{r.status} {r.json}" for r in replies if r.status != 200)
     assert restored_total(c) == 1
     holders = [w.id for w in c.workers[1:] if sid in w.server._sessions]
     assert holders == [c.claim_owner(sid)]
@@ -500,6 +500,46 @@ async def test_a_request_forwarded_to_the_winner_mid_takeover_waits_for_its_rest
     assert forwarded.json == {"observation": 5, "episode_length": 0}
     assert restored_total(c) == 1
     assert c.claim_owner(sid) == c[1].id
+
+
+async def test_a_lookup_that_meets_its_own_workers_takeover_waits_for_the_restore(
+    durable_hosts,
+):
+    # A request's store read can leave before this worker's takeover of the
+    # session begins and come back after the takeover's script ran: it names
+    # this worker while memory has no claim yet. The request must wait for the
+    # restore (it once was served without the claim: 409, or an empty state).
+    c = await durable_hosts(2)
+    sid = new_id()
+    cookie = await start_counter(c, 0, sid)
+    await crash(c[0])
+    c.redis().delete(registration_key(c[0]))
+    store = c[1].app.claims.store
+    real_read, real_take_over = store.read, store.take_over
+    first_read, taken = asyncio.Event(), asyncio.Event()
+
+    async def read(session_id: str) -> str | None:
+        if not first_read.is_set():
+            first_read.set()
+            await asyncio.sleep(0.3)  # the second request's read leaves meanwhile
+        else:
+            await taken.wait()  # ...and executes after the takeover's script
+        return await real_read(session_id)
+
+    async def take_over(session_id: str, dead_holder: str) -> str | None:
+        other = await real_take_over(session_id, dead_holder)
+        taken.set()
+        await asyncio.sleep(0.5)  # this worker's memory learns of it late
+        return other
+
+    store.read, store.take_over = read, take_over
+    restoring = asyncio.ensure_future(c[1].request("POST", "/observe", {}, cookie=cookie))
+    await asyncio.wait_for(first_read.wait(), 10)
+    looked_up = await c[1].request("POST", "/observe", {}, cookie=cookie)
+    assert (await restoring).status == 200
+    assert looked_up.status == 200, looked_up.json
+    assert looked_up.json == {"observation": 5, "episode_length": 0}
+    assert restored_total(c) == 1
 
 
 async def test_redis_a_forged_snapshot_is_never_loaded(durable_hosts, caplog):
