@@ -462,7 +462,9 @@ async def test_redis_racing_workers_take_a_session_over_once(durable_hosts):
     replies = await _gather(
         [w.request("POST", "/observe", {}, cookie=cookie) for w in c.workers[1:] for _ in range(3)]
     )
-    assert [r.status for r in replies] == [200] * 15, "; ".join(f"{r.status} {r.json}" for r in replies if r.status != 200)
+    assert [r.status for r in replies] == [200] * 15, "; ".join(
+        f"{r.status} {r.json}" for r in replies if r.status != 200
+    )
     assert restored_total(c) == 1
     holders = [w.id for w in c.workers[1:] if sid in w.server._sessions]
     assert holders == [c.claim_owner(sid)]
