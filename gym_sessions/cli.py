@@ -186,7 +186,7 @@ def serve(
         _write_pid_file(pid_file)
     try:
         if supervised:
-            Supervisor(config, [sock], settings.drain_timeout).run()
+            Supervisor(config, [sock], settings.drain_timeout, settings.worker_start_timeout).run()
         else:
             # One worker serving in-process: nothing to reload into; say so
             # rather than let SIGHUP's default action kill the server.
@@ -418,6 +418,14 @@ def _parser() -> argparse.ArgumentParser:
         "(default 600)",
     )
     lifecycle.add_argument(
+        "--worker-start-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="on SIGHUP, how long the new workers may take to start serving before the "
+        "reload is given up and the current ones keep serving (default 120)",
+    )
+    lifecycle.add_argument(
         "--pid-file", metavar="PATH", help="write the supervisor's pid here (for reload)"
     )
     serve_cmd.add_argument(
@@ -641,6 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 header_timeout=args.header_timeout,
                 graceful_timeout=args.graceful_timeout,
                 drain_timeout=args.drain_timeout,
+                worker_start_timeout=args.worker_start_timeout,
                 metrics=args.metrics == "on",
                 metrics_token=metrics_token,
                 durable_sessions=args.durable_sessions,

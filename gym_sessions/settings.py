@@ -74,6 +74,9 @@ class Settings:
             (forwarded ones included) may run to their reply before the worker exits.
         drain_timeout: How long a draining worker (after SIGHUP or SIGTTOU) keeps
             serving its open sessions before it closes them and exits.
+        worker_start_timeout: On SIGHUP, how long the new workers may take to
+            import the target and serve before the reload is given up (the
+            current workers then keep serving).
         header_timeout: A request head not complete this many seconds after it
             began (or a new connection silent that long) gets 408 and is closed.
         body_read_timeout_seconds: A request body that stalls longer than this
@@ -167,6 +170,7 @@ class Settings:
     header_timeout: float = 30.0
     graceful_timeout: float = 30.0
     drain_timeout: float = 600.0
+    worker_start_timeout: float = 120.0
     body_read_timeout_seconds: float = 60.0
     claims: str = "file"
     private_host: str = "127.0.0.1"
@@ -202,6 +206,8 @@ class Settings:
             raise ValueError("session_close_retry_window_seconds must be positive")
         if self.graceful_timeout < 0 or self.drain_timeout < 0:
             raise ValueError("graceful_timeout and drain_timeout must not be negative")
+        if self.worker_start_timeout <= 0:
+            raise ValueError("worker_start_timeout must be positive")
         if self.header_timeout <= 0:
             raise ValueError("header_timeout must be positive")
         if self.claims_timeout <= 0 or self.private_idle_timeout <= 0:

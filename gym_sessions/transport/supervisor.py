@@ -285,11 +285,19 @@ class Supervisor(Multiprocess):
         config: The workers' config (`gym_sessions.server.worker.WorkerConfig`).
         sockets: The shared listening socket(s).
         drain_timeout: Seconds a draining worker may keep open sessions.
+        start_timeout: Seconds a reload's new workers may take to serve.
     """
 
-    def __init__(self, config: Any, sockets: list[Any], drain_timeout: float) -> None:
+    def __init__(
+        self,
+        config: Any,
+        sockets: list[Any],
+        drain_timeout: float,
+        start_timeout: float = 120.0,
+    ) -> None:
         super().__init__(config, sockets)
         self.drain_timeout = drain_timeout
+        self.start_timeout = start_timeout
         self.draining: list[_Draining] = []
         self._interrupts = 0
 
@@ -316,9 +324,20 @@ class Supervisor(Multiprocess):
     def handle_hup(self) -> None:
         logger.info("SIGHUP: starting new workers; the current ones drain")
         fresh = [self._new_process() for _ in self.processes]
-        timeout = self.config.timeout_worker_healthcheck
-        if not all(p.wait_until_ready(timeout, self.should_exit) for p in fresh):
-            logger.error("new workers were not ready in time: keeping the current ones")
+        # Not the 5 s health check uvicorn waits: a spawned worker imports the
+        # target first, which takes longer than that beside busy workers (a
+        # reload under load was given up) or with heavy envs. Health checks
+        # start once the new workers serve.
+        deadline = time.monotonic() + self.start_timeout
+        if not all(
+            p.wait_until_ready(max(0.0, deadline - time.monotonic()), self.should_exit)
+            for p in fresh
+        ):
+            logger.error(
+                "new workers were not serving within %g s (--worker-start-timeout): "
+                "keeping the current ones",
+                self.start_timeout,
+            )
             for process in fresh:
                 process.kill()
                 process.join()

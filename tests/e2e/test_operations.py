@@ -185,7 +185,9 @@ def test_reload_under_load_loses_no_episode_and_new_code_serves_new_sessions(tmp
 
             assert main(["reload", "--pid-file", pid_file]) == 0
             took_over = await asyncio.to_thread(_wait_for, only_new_workers_answer, 60, 0.2)
-            assert took_over, "the new workers did not take over within 60 s"
+            assert took_over, (
+                "the new workers did not take over within 60 s:\n" + server.log()[-3000:]
+            )
             reloaded.set()
 
         async def run() -> None:
@@ -203,6 +205,37 @@ def test_reload_under_load_loses_no_episode_and_new_code_serves_new_sessions(tmp
         assert _wait_for(lambda: not any(_alive(pid) for pid in old_pids), within=20)
         new_pids = server.worker_pids()
         assert len(new_pids) == 4 and not set(new_pids) & set(old_pids)
+    finally:
+        server.stop()
+
+
+def test_a_reload_whose_workers_start_too_slowly_keeps_the_current_ones(tmp_path, short_tmp):
+    module = tmp_path / "slow_import_env.py"
+    module.write_text("from envs.counter import CounterEnv as Env\n")
+    pid_file = os.path.join(short_tmp, "pid")
+    server = start_server(
+        "slow_import_env:Env",
+        "--pid-file",
+        pid_file,
+        "--worker-start-timeout",
+        "1",
+        workers=2,
+        tmpdir=os.path.join(short_tmp, "s"),
+        env={"PYTHONPATH": f"{tmp_path}:{os.getcwd()}"},
+    )
+    try:
+        old_pids = server.worker_pids()
+        # The new code takes 30 s to import: the reload is given up after 1 s.
+        module.write_text(
+            "import time\ntime.sleep(30)\nfrom envs.counter import CounterEnv as Env\n"
+        )
+        from gym_sessions.cli import main
+
+        assert main(["reload", "--pid-file", pid_file]) == 0
+        assert _wait_for(lambda: "were not serving within 1 s" in server.log(), within=30)
+        # The slow new workers were killed; the current ones never drained.
+        assert _wait_for(lambda: sorted(server.worker_pids()) == sorted(old_pids), within=10)
+        assert int(server.health()["worker"].split("-", 1)[0]) in old_pids
     finally:
         server.stop()
 
