@@ -314,5 +314,15 @@ def test_a_sessions_processes_die_with_its_killed_supervisor(serve):
     os.kill(server.process.pid, signal.SIGKILL)
     server.process.wait(5)
     # Workers exit (releasing their sessions), and each session's processes with them.
-    assert _wait_for(lambda: not any(_alive(pid) for pid in workers), within=5)
-    assert _wait_for(lambda: not _alive(sleeper), within=5)
+    assert _wait_for(lambda: not any(_alive(pid) for pid in workers), within=5), server.log()
+    assert _wait_for(lambda: not _alive(sleeper), within=5), _described(sleeper) + server.log()
+
+
+def _described(pid: int) -> str:
+    """The fields of ``/proc/PID/status`` that say who a process is and who holds it."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            lines = [line for line in status if line.split(":")[0] in ("State", "PPid", "Uid")]
+    except FileNotFoundError:
+        return f"{pid}: gone\n"
+    return f"{pid}: " + " ".join(line.strip() for line in lines) + "\n"
