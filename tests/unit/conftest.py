@@ -24,12 +24,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         unwanted = (
             (handoff is True and item.get_closest_marker("hop_only") is not None)
             or (handoff is False and item.get_closest_marker("handoff_only") is not None)
-            or (handoff is True and params.get("cluster") == "redis")
+            or (handoff is True and _redis_claims(item, params))
         )
         (dropped if unwanted else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def _redis_claims(item: pytest.Item, params: dict[str, Any]) -> bool:
+    """Whether the item's clusters keep claims in Redis (the `cluster` fixture's
+    "redis" case, or a test that asks for a Redis server and builds its own)."""
+    if "cluster" in params:
+        return params["cluster"] == "redis"
+    return "redis_server" in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture(params=[True, False], ids=["handoff", "hop"])
