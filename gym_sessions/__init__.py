@@ -15,19 +15,15 @@ Importing the package registers ``gym_sessions/Remote-v0`` and the example envs
 
     env = gymnasium.make("gym_sessions/Remote-v0", url="http://127.0.0.1:8000")
 
-Importing it loads neither Starlette nor the server.
+Importing it loads neither Starlette nor the server, and the client only
+when one of its names is first used.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from gym_sessions._registration import register_envs
-from gym_sessions.client import (
-    AsyncRemoteEnv,
-    EnvDescription,
-    RemoteEnv,
-    RemoteVectorEnv,
-    run_episodes,
-)
 from gym_sessions.errors import (
     BadGatewayError,
     BadUpstreamError,
@@ -69,6 +65,34 @@ from gym_sessions.errors import (
     TooManyRequestsError,
     UnsupportedMediaTypeError,
 )
+
+if TYPE_CHECKING:
+    from gym_sessions.client import (
+        AsyncRemoteEnv,
+        EnvDescription,
+        RemoteEnv,
+        RemoteVectorEnv,
+        run_episodes,
+    )
+
+# The client (with aiohttp, half a worker's import time) loads on first use:
+# a server's workers import this package but never the client.
+_CLIENT_NAMES = frozenset(
+    {"AsyncRemoteEnv", "EnvDescription", "RemoteEnv", "RemoteVectorEnv", "run_episodes"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT_NAMES:
+        value = getattr(importlib.import_module("gym_sessions.client"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 try:
     __version__ = version("gym-sessions")

@@ -9,15 +9,49 @@ Modules below this package are internal: their names may change between
 releases (``docs/design.md`` describes how they fit together).
 """
 
-from gym_sessions.server.agent import AgentServer
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gym_sessions.server.app import WorkerApp, create_app
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, integer_list, read_json
 from gym_sessions.server.env_server import GymEnvServer, env_capture_method
-from gym_sessions.server.policies import ChatCompletionsPolicy, Policy, ScriptedPolicy, StopEpisode
 from gym_sessions.server.process import ServerProcess, start_server
 from gym_sessions.server.resources import ResourcesServer, session_id
 from gym_sessions.server.tools import Tool, ToolHandler
+
+if TYPE_CHECKING:
+    from gym_sessions.server.agent import AgentServer
+    from gym_sessions.server.policies import (
+        ChatCompletionsPolicy,
+        Policy,
+        ScriptedPolicy,
+        StopEpisode,
+    )
+
+# Agent servers and policies (with their aiohttp client) load on first use:
+# the workers of an env or resources server never need them.
+_LAZY_MODULES = {
+    "AgentServer": "gym_sessions.server.agent",
+    "ChatCompletionsPolicy": "gym_sessions.server.policies",
+    "Policy": "gym_sessions.server.policies",
+    "ScriptedPolicy": "gym_sessions.server.policies",
+    "StopEpisode": "gym_sessions.server.policies",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "AgentServer",
