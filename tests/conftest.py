@@ -10,6 +10,7 @@ import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import ModuleType
+from typing import Any
 
 import aiohttp
 import pytest
@@ -148,6 +149,35 @@ def serve(short_tmp) -> Iterator[Callable[..., ServerProcess]]:
     yield _serve
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def _shared_servers() -> Iterator[dict[tuple[Any, ...], ServerProcess]]:
+    started: dict[tuple[Any, ...], ServerProcess] = {}
+    yield started
+    for server in started.values():
+        server.stop()
+
+
+@pytest.fixture
+def shared_serve(_shared_servers) -> Callable[..., ServerProcess]:
+    """``shared_serve(target, *args, workers=N)``: one server per argument list for the run.
+
+    Started on first use and stopped when the run ends (per xdist worker), so
+    only for tests that use sessions of their own: a test that stops, signals
+    or kills the server or its workers, changes its files, or counts sessions,
+    claims or metrics server-wide starts its own with `serve`.
+    """
+
+    def _serve(target: str, *args: str, workers: int = 1) -> ServerProcess:
+        key = (target, args, workers)
+        server = _shared_servers.get(key)
+        if server is None or server.process.poll() is not None:
+            server = start_server(target, *args, workers=workers)
+            _shared_servers[key] = server
+        return server
+
+    return _serve
 
 
 @pytest.fixture

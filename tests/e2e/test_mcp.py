@@ -34,8 +34,8 @@ def mcp_client(url: str, token: str | None, mode: str = "legacy"):
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_official_client_lists_and_calls_tools_with_the_token(serve, mode):
-    server = serve(COUNTER)
+async def test_official_client_lists_and_calls_tools_with_the_token(shared_serve, mode):
+    server = shared_serve(COUNTER)
     start = await start_session(server.url, 40)
     assert start["mcp"]["url_path"] == "/mcp"
     token = start["mcp"]["headers"][TOKEN]
@@ -64,8 +64,8 @@ async def test_official_client_lists_and_calls_tools_with_the_token(serve, mode)
         assert "outside the action space" in bad.content[0].text
 
 
-async def test_missing_tampered_and_foreign_tokens_are_refused(serve):
-    server = serve(COUNTER)
+async def test_missing_tampered_and_foreign_tokens_are_refused(serve, shared_serve):
+    server = shared_serve(COUNTER)
     start = await start_session(server.url, 1)
     token = start["mcp"]["headers"][TOKEN]
     other_server = serve(COUNTER)  # another secret signs another server's tokens
@@ -82,8 +82,8 @@ async def test_missing_tampered_and_foreign_tokens_are_refused(serve):
         assert (await client.call_tool("observe", {})).structured_content["observation"] == 1
 
 
-async def test_token_of_a_closed_session_is_refused(serve):
-    server = serve(COUNTER)
+async def test_token_of_a_closed_session_is_refused(shared_serve):
+    server = shared_serve(COUNTER)
     key = "the-owners-key-" + "k" * 20
     start = await start_session(server.url, 5, session_key=key)
     token = start["mcp"]["headers"][TOKEN]
@@ -97,8 +97,8 @@ async def test_token_of_a_closed_session_is_refused(serve):
             await client.call_tool("step", {"action": 1})
 
 
-async def test_malformed_json_rpc_gets_its_error(serve):
-    server = serve(COUNTER)
+async def test_malformed_json_rpc_gets_its_error(shared_serve):
+    server = shared_serve(COUNTER)
     token = (await start_session(server.url, 0))["mcp"]["headers"][TOKEN]
     cases = [
         (b"{oops", 400, -32700),
@@ -144,8 +144,8 @@ async def _mcp_sequences(url: str, n: int) -> int:
     return sum(e.reward == 1.0 for e in done)
 
 
-def test_200_mcp_sequences_with_only_the_token_at_4_workers(serve):
-    server = serve(COUNTER, workers=4)
+def test_200_mcp_sequences_with_only_the_token_at_4_workers(shared_serve):
+    server = shared_serve(COUNTER, workers=4)
     assert asyncio.run(_mcp_sequences(server.url, 200)) == 200
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import urllib.request
+import uuid
 from typing import Any
 
 import numpy as np
@@ -122,8 +123,8 @@ async def test_sessions_on_a_new_websocket_per_step_reach_their_holders(serve):
     assert health["status"] == "ok"
 
 
-async def test_remote_envs_over_websockets_count_exactly_at_four_workers(serve):
-    server = serve(COUNTER, workers=WORKERS)
+async def test_remote_envs_over_websockets_count_exactly_at_four_workers(shared_serve):
+    server = shared_serve(COUNTER, workers=WORKERS)
     sessions, steps = 32, 6
 
     async def play(index: int) -> None:
@@ -211,8 +212,8 @@ class CuttingProxy:
         self.server.close()
 
 
-async def test_a_killed_websocket_resumes_its_session_and_counts_stay_exact(serve):
-    server = serve(COUNTER, workers=WORKERS)
+async def test_a_killed_websocket_resumes_its_session_and_counts_stay_exact(shared_serve):
+    server = shared_serve(COUNTER, workers=WORKERS)
     port = int(server.url.rsplit(":", 1)[1])
     proxy = CuttingProxy(port)
     proxy_port = await proxy.start()
@@ -363,13 +364,14 @@ async def test_bad_frames_close_with_a_code_and_reason_and_touch_no_session(serv
     assert server.health()["status"] == "ok"
 
 
-async def test_another_sessions_credentials_are_refused(serve):
-    server = serve(COUNTER, workers=WORKERS)
+async def test_another_sessions_credentials_are_refused(shared_serve):
+    server = shared_serve(COUNTER, workers=WORKERS)
     owner = await Wire.open(server.url)
+    victim = f"victim-{uuid.uuid4().hex}"
     key = "k" * 32
     start = await owner.request(
         "/seed_session",
-        {"resources_session_id": "victim-1", "session_key": key, "options": {"initial_count": 3}},
+        {"resources_session_id": victim, "session_key": key, "options": {"initial_count": 3}},
         new_session=True,
     )
     assert start["status"] == 200, start
@@ -377,10 +379,10 @@ async def test_another_sessions_credentials_are_refused(serve):
 
     intruder = await Wire.open(server.url)
     # A bare session id is no credential: a start of it without its key is refused.
-    reset = await intruder.request("/reset", {"resources_session_id": "victim-1"})
+    reset = await intruder.request("/reset", {"resources_session_id": victim})
     assert reset["status"] == 409 and reset["body"]["error"]["code"] == "session_conflict"
     wrong = await intruder.request(
-        "/close_session", {"resources_session_id": "victim-1", "session_key": "z" * 32}
+        "/close_session", {"resources_session_id": victim, "session_key": "z" * 32}
     )
     assert wrong["status"] == 409
     # Without the cookie a step names no session of anybody's.
@@ -402,8 +404,8 @@ async def test_another_sessions_credentials_are_refused(serve):
     await owner.close()
 
 
-def test_ws_endpoint_refuses_other_websocket_paths(serve):
-    server = serve(COUNTER)
+def test_ws_endpoint_refuses_other_websocket_paths(shared_serve):
+    server = shared_serve(COUNTER)
     port = int(server.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(
@@ -440,16 +442,16 @@ async def test_pixel_observations_travel_as_binary_frames_bit_exact(serve):
         assert frames == [bytes] * 20  # each step's reply was a binary frame
 
 
-async def test_a_binary_frame_without_the_values_subprotocol_names_it(serve):
-    server = serve(COUNTER)
+async def test_a_binary_frame_without_the_values_subprotocol_names_it(shared_serve):
+    server = shared_serve(COUNTER)
     wire = await Wire.open(server.url)
     await wire.connection.send(b"\0\0\0\2{}")
     code, reason = await _closed_with(wire)
     assert code == 1003 and "gym-sessions.values.v1" in (reason or "")
 
 
-async def test_bad_binary_frames_on_a_values_connection(serve):
-    server = serve(COUNTER)
+async def test_bad_binary_frames_on_a_values_connection(shared_serve):
+    server = shared_serve(COUNTER)
     for frame, code in [
         (b"\0\0\1\0{}", 1007),  # the envelope's length runs past the frame
         (b"\0\0\0\2\xff\xfe", 1007),  # not UTF-8
@@ -475,9 +477,9 @@ async def test_bad_binary_frames_on_a_values_connection(serve):
     await wire.close()
 
 
-async def test_200_sessions_over_websockets_through_nginx_count_exactly(serve):
+async def test_200_sessions_over_websockets_through_nginx_count_exactly(shared_serve):
     require_or_skip("nginx", "nginx")
-    server = serve(COUNTER, workers=WORKERS)
+    server = shared_serve(COUNTER, workers=WORKERS)
     nginx = NginxProcess([server.url]).start()
     sessions, steps = 200, 6
     holders: dict[int, str] = {}
@@ -561,8 +563,8 @@ async def test_durable_sessions_over_websockets_survive_their_holders_death(serv
     assert 1 <= restored <= victims  # the dead holder's sessions went on elsewhere
 
 
-def test_a_vector_env_over_websockets_steps_each_session_on_its_holder(serve):
-    server = serve(COUNTER, workers=WORKERS)
+def test_a_vector_env_over_websockets_steps_each_session_on_its_holder(shared_serve):
+    server = shared_serve(COUNTER, workers=WORKERS)
     envs = RemoteVectorEnv(8, server.url, transport="ws", autoreset_mode=AutoresetMode.DISABLED)
     try:
         assert envs.step_batch is None  # one step message per sub-env
