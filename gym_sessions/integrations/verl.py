@@ -176,8 +176,12 @@ class _Sessions:
 _SERVERS: dict[tuple[str, str], _Sessions] = {}
 
 
-def _sessions(url: str, options: Mapping[str, Any]) -> _Sessions:
-    key = (url, repr(sorted((k, repr(v)) for k, v in options.items())))
+def _sessions(url: str, config: Mapping[str, Any], options: Mapping[str, Any]) -> _Sessions:
+    """The sessions of ``url`` shared by the tools whose client ``config`` is the same.
+
+    Keyed by the config's values, not ``options``: each tool builds its own TLS context.
+    """
+    key = (url, repr(sorted((k, repr(config[k])) for k in _CLIENT_KEYS if k in config)))
     if key not in _SERVERS:
         _SERVERS[key] = _Sessions(url, options)
     return _SERVERS[key]
@@ -211,7 +215,7 @@ class SessionTool(BaseTool):
             self.url, config.get("verify", True), config.get("cert")
         )
         self.client_options = options
-        self._sessions = _sessions(self.url, options)
+        self._sessions = _sessions(self.url, config, options)
         self._create_kwargs: dict[str, dict[str, Any]] = {}
         self.tool_schema = tool_schema
         super().__init__(config, tool_schema or self._listed_schema())
