@@ -28,6 +28,7 @@ PUBLIC_MODULES = {
     "gym_sessions.errors",
     "gym_sessions.integrations.sb3",
     "gym_sessions.integrations.trl",
+    "gym_sessions.integrations.verl",
     "gym_sessions.server",
     "gym_sessions.settings",
     "gym_sessions.spaces",

@@ -45,3 +45,13 @@ def test_without_stable_baselines3_the_integration_says_how_to_install_it():
     )
     assert result.returncode == 0, result.stderr
     assert "pip install 'gym-sessions[sb3]'" in result.stdout
+
+
+def test_without_verl_the_integration_says_how_to_install_it():
+    result = run_python(
+        "import sys; sys.modules['verl'] = None\n"
+        "try:\n    import gym_sessions.integrations.verl\n"
+        "except ImportError as exc:\n    print(exc)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'gym-sessions[verl]'" in result.stdout

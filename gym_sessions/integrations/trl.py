@@ -48,7 +48,16 @@ from gym_sessions.client.tls import CertOption, VerifyOption, tls_context
 from gym_sessions.errors import GymSessionsError, InvalidRequestError, ToolError
 from gym_sessions.server.mcp import MCP_PATH, SESSION_TOKEN_HEADER_NAME
 
-__all__ = ["TYPED_START_FIELDS", "SessionEnvironment", "environment_class"]
+__all__ = [
+    "TYPED_START_FIELDS",
+    "SessionEnvironment",
+    "ToolSession",
+    "argument_text",
+    "environment_class",
+    "list_tools",
+    "tool_call_request",
+    "tool_result_text",
+]
 
 #: Row fields sent as typed start fields (docs/design.md §3.2, §3.2.1).
 TYPED_START_FIELDS = ("seed", "options", "task_id", "task_data")
@@ -67,8 +76,8 @@ _JSON_TYPES: dict[str, Any] = {
 }
 
 
-class _Session:
-    """The instance's current session: id, key and token; closed at most once."""
+class ToolSession:
+    """A session reached by its MCP tools: id, key and token; closed at most once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -116,7 +125,7 @@ class SessionEnvironment:
 
     def __init__(self) -> None:
         self._http = HTTPClient(self.url, **self._client_options)
-        self._session = _Session()
+        self._session = ToolSession()
         #: The last ``/verify`` reply of the current session (``None`` before).
         self.verification: dict[str, Any] | None = None
         close_at_exit(self, self._http, self._session, self._http.close)
@@ -167,23 +176,37 @@ class SessionEnvironment:
         """``tools/call`` on the current session; the result's text, or `ToolError`."""
         if self._session.token is None or self._session.closed:
             raise InvalidRequestError(f"tool {name!r} needs an open session: call reset first")
-        message = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "tools/call",
-            "params": {"name": name, "arguments": arguments},
-        }
-        headers = {SESSION_TOKEN_HEADER_NAME: self._session.token}
-        reply = self._http.send(Request("POST", MCP_PATH, message, headers)).json()
-        if "error" in reply:
-            raise InvalidRequestError(str(reply["error"].get("message")))
-        result = reply["result"]
-        text = "\n".join(
-            part.get("text", "") for part in result.get("content", []) if part.get("type") == "text"
-        )
-        if result.get("isError"):
-            raise ToolError(f"{name}: {text}")
-        return text
+        reply = self._http.send(tool_call_request(self._session.token, name, arguments))
+        return tool_result_text(name, reply.json())
+
+
+def tool_call_request(token: str, name: str, arguments: Mapping[str, Any]) -> Request:
+    """``tools/call`` of ``name`` on the session whose MCP token is ``token``."""
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": dict(arguments)},
+    }
+    return Request("POST", MCP_PATH, message, {SESSION_TOKEN_HEADER_NAME: token})
+
+
+def tool_result_text(name: str, reply: Mapping[str, Any]) -> str:
+    """A ``tools/call`` reply's text; `ToolError` for the tool's own failure.
+
+    Raises:
+        InvalidRequestError: the call itself was refused (a JSON-RPC error).
+        ToolError: the tool ran and failed (``isError``).
+    """
+    if "error" in reply:
+        raise InvalidRequestError(str(reply["error"].get("message")))
+    result = reply["result"]
+    text = "\n".join(
+        part.get("text", "") for part in result.get("content", []) if part.get("type") == "text"
+    )
+    if result.get("isError"):
+        raise ToolError(f"{name}: {text}")
+    return text
 
 
 def start_body(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -258,7 +281,7 @@ def environment_class(
         "ssl_context": ssl_context,
     }
     mcp_tools = None if tools is None else list(tools)
-    schemas = _list_tools(url, options, start_route, mcp_tools)
+    schemas = list_tools(url, options, start_route, mcp_tools)
     namespace: dict[str, Any] = {
         "url": url.rstrip("/"),
         "tool_schemas": tuple(schemas),
@@ -274,12 +297,15 @@ def environment_class(
     return type(name, (SessionEnvironment,), namespace)
 
 
-def _list_tools(
-    url: str, options: dict[str, Any], start_route: str, mcp_tools: list[str] | None
+def list_tools(
+    url: str, options: Mapping[str, Any], start_route: str, mcp_tools: list[str] | None
 ) -> list[dict[str, Any]]:
-    """The tools a session lists: a probe session is started, asked and closed."""
+    """The tools a session lists (MCP ``Tool`` objects), asked of a probe session.
+
+    ``options`` are `HTTPClient`'s keyword arguments (a new connection per request is used).
+    """
     http = HTTPClient(url, **{**options, "keep_alive": False})
-    session = _Session()
+    session = ToolSession()
     session.new()
     session.started = True
     body: dict[str, Any] = {} if mcp_tools is None else {"mcp_tools": mcp_tools}
@@ -385,7 +411,7 @@ def _docstring(schema: Mapping[str, Any], ordered: list[str], properties: Mappin
     if ordered:
         lines += ["", "Args:"]
         for arg in ordered:
-            lines.append(f"    {arg}: {_argument_text(properties[arg])}")
+            lines.append(f"    {arg}: {argument_text(properties[arg])}")
     lines += ["", "Returns:", "    The tool's result as JSON text."]
     return "\n".join(lines)
 
@@ -402,7 +428,7 @@ _BOUNDS = (
 )
 
 
-def _argument_text(prop: Mapping[str, Any]) -> str:
+def argument_text(prop: Mapping[str, Any]) -> str:
     """One argument's description with the constraints its type hint cannot say."""
     text = " ".join(str(prop.get("description") or "").split()) or "the argument"
     bounds = [f"{word} {prop[key]}" for key, word in _BOUNDS if key in prop]
