@@ -19,7 +19,10 @@ The classes run in interleaved rounds (`routing_cost.interleaved_rounds`),
 and each ratio is the median of per-round p50 ratios over the 1-worker
 class (the machine is shared and noisy). Every reply's count is checked.
 
-    .venv/bin/python benchmarks/pooled_connection.py [--rounds 30] [--batch 200]
+    .venv/bin/python benchmarks/pooled_connection.py [--rounds 30] [--batch 200] [--baseline REV]
+
+``--baseline REV`` adds a 4-worker server of that commit's code (default
+settings), checked out in a temporary ``git worktree``, to the same rounds.
 
 Prints Markdown tables and each 4-worker server's ``/health`` delivery
 counts; writes pooled_connection.json into --out DIR (default
@@ -116,6 +119,11 @@ def main() -> None:
         help="another multi-worker server with these serve flags (repeatable)",
     )
     parser.add_argument("--no-defaults", action="store_true", help="only the --variant servers")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also a multi-worker server (default settings) of this commit's code",
+    )
     args = _common.parse_args(parser)
     print(_common.load_note())
     machine = _common.machine()
@@ -134,6 +142,16 @@ def main() -> None:
         clients = {SINGLE: PooledClient(one, args.sessions)}
         stack.callback(clients[SINGLE].close)
         servers: dict[str, ServerProcess] = {}
+        if args.baseline:
+            (revision,) = stack.enter_context(_common.worktrees([args.baseline]))
+            name = f"{args.baseline} (default settings)"
+            servers[name] = stack.enter_context(
+                _common.start_revision_server(
+                    revision, TARGET, "--debug-worker-header", workers=workers
+                )
+            )
+            clients[name] = PooledClient(servers[name], args.sessions)
+            stack.callback(clients[name].close)
         for name, flags in variants.items():
             server = stack.enter_context(
                 start_server(TARGET, *flags, "--debug-worker-header", workers=workers)
