@@ -254,7 +254,7 @@ class Handoff:
     connection moves at most once per 15 requests, and one that carries many
     sessions held by different workers (a proxy's or a client's pool) stays
     where it is and hops, which costs less than a move per request
-    (``benchmarks/README.md``, "Many sessions on one connection").
+    (``benchmarks/LOG.md``, "Many sessions on one kept-alive connection").
     """
 
     #: The first request of a connection that may be handed over (1: any).
