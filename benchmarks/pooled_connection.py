@@ -13,7 +13,11 @@ Servers side by side, one connection and one set of sessions each:
 - a 1-worker server (the baseline: every request local);
 - a 4-worker server with the default settings (connection handoff on);
 - a 4-worker server with ``--handoff off`` (every such request hops);
-- more 4-worker servers with ``--variant NAME='ARGS'`` (extra serve flags).
+- more 4-worker servers with ``--variant NAME='ARGS'`` (extra serve flags);
+- on the default server, a second client with 40 sessions of its own and one
+  kept-alive connection per worker, each request sent on the connection its
+  session's holder accepted: what a client told where each session lives (a
+  hint) could reach at best.
 
 The classes run in interleaved rounds (`routing_cost.interleaved_rounds`),
 and each ratio is the median of per-round p50 ratios over the 1-worker
@@ -45,6 +49,7 @@ from gym_sessions.server.process import ServerProcess, start_server
 
 TARGET = "envs.counter:CounterEnv"
 SINGLE = "1 worker"
+DIRECT = "a connection per worker, each request on its holder's"
 TARGET_RATIO = 1.3
 
 
@@ -89,6 +94,31 @@ class PooledClient:
 
     def close(self) -> None:
         self.connection.close()
+
+
+class DirectClient(PooledClient):
+    """The same sessions, each request on a connection its holder accepted.
+
+    What a client told where each session lives (a hint) could reach at
+    best: one kept-alive connection per worker (`connections_by_worker`),
+    every request served where it arrives. Measured on the default server.
+    """
+
+    def __init__(self, server: ServerProcess, sessions: int, workers: int) -> None:
+        super().__init__(server, sessions)
+        self.groups = _common.connections_by_worker(server.url, workers=workers, per_worker=1)
+
+    def steps(self, r: int, n: int, into: list[float]) -> None:
+        for _ in range(n):
+            session = self.sessions[self.next]
+            self.next = (self.next + 1) % len(self.sessions)
+            session.steps(self.groups[session.owner][0], 1, into)
+
+    def close(self) -> None:
+        super().close()
+        for group in self.groups.values():
+            for connection in group:
+                connection.close()
 
 
 def deliveries(url: str, workers: int) -> dict[str, dict[str, Any]]:
@@ -159,12 +189,18 @@ def main() -> None:
             servers[name] = server
             clients[name] = PooledClient(server, args.sessions)
             stack.callback(clients[name].close)
+        if not args.no_defaults:
+            direct = DirectClient(servers["handoff on (default)"], args.sessions, workers)
+            stack.callback(direct.close)
+            clients[DIRECT] = direct
         batches = {name: client.steps for name, client in clients.items()}
         per_round = interleaved_rounds(
             batches, cycle=1, warmup=args.warmup, rounds=args.rounds, batch=args.batch
         )
         counts = {name: deliveries(s.url, workers) for name, s in servers.items()}
         placed = {name: clients[name].holders() for name in servers}
+        if DIRECT in clients:
+            _common.check_connections(direct.groups)
 
     machine["loadavg_at_end"] = _common.os.getloadavg()
     report = summarize(per_round, args, machine, counts, placed)
