@@ -67,6 +67,9 @@ class HopReason(enum.Enum):
     PROTOCOL = "protocol"
     #: The connection's first request: it may be its only one (`Handoff.from_request`).
     FIRST_REQUEST = "first_request"
+    #: The connection was handed here a few requests ago (`Handoff.again_from_request`):
+    #: one that keeps moving carries many sessions, and for it the hop costs less.
+    MOVED_RECENTLY = "moved_recently"
     #: Bytes of a further request were read (pipelined), or the connection is
     #: not plain, kept-alive HTTP/1.1 on a bare socket (TLS, upgrade, closing).
     NOT_DETACHABLE = "not_detachable"
@@ -245,11 +248,19 @@ class Handoff:
     A connection is handed over from its `from_request`-th request on (2): a
     connection's first request may well be its last (a client that connects
     for each request), and for one request the hop costs less than moving
-    the connection (``benchmarks/LOG.md``, "Connection handoff").
+    the connection (``benchmarks/LOG.md``, "Connection handoff"). A
+    connection handed to this worker is handed on only from its
+    `again_from_request`-th request here (16, its replay the first): so a
+    connection moves at most once per 15 requests, and one that carries many
+    sessions held by different workers (a proxy's or a client's pool) stays
+    where it is and hops, which costs less than a move per request
+    (``benchmarks/LOG.md``, "Many sessions on one kept-alive connection").
     """
 
     #: The first request of a connection that may be handed over (1: any).
     from_request = 2
+    #: The same for a connection that was handed to this worker (its replay is its first).
+    again_from_request = 16
 
     def __init__(
         self, worker_id: str, socket_path: Callable[[str], str], counts: HandoffCounts
@@ -269,7 +280,10 @@ class Handoff:
         connection = scope.get(CONNECTION_SCOPE_KEY)
         if not isinstance(connection, BoundedHttpProtocol) or not connection.handoff_enabled:
             return self._hop(HopReason.PROTOCOL)
-        if connection.requests_begun < self.from_request:
+        if connection.handed_in:
+            if connection.requests_begun < self.again_from_request:
+                return self._hop(HopReason.MOVED_RECENTLY)
+        elif connection.requests_begun < self.from_request:
             return self._hop(HopReason.FIRST_REQUEST)
         if not connection.detachable(scope):
             return self._hop(HopReason.NOT_DETACHABLE)

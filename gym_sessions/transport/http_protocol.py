@@ -105,6 +105,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._replay_from: str | None = None
         #: Requests begun on this connection (here: a handed one counts from its replay).
         self.requests_begun = 0
+        #: The connection came to this worker by handoff (`expect_replay`), not by accept.
+        self.handed_in = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -257,3 +259,4 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def expect_replay(self, sender: str) -> None:
         """The next request parsed here is the replay of one ``sender`` handed over."""
         self._replay_from = sender
+        self.handed_in = True

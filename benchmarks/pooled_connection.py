@@ -1,0 +1,282 @@
+"""Many sessions on one kept-alive connection: 4 workers over 1 worker, p50 (issue 32 item 4).
+
+The shape of a proxy's upstream pool, an agent harness's aiohttp pool or
+NeMo's agents: ONE kept-alive connection (``http.client``, TCP_NODELAY)
+carrying requests for ``--sessions`` counter sessions (40), stepped round
+robin. Each session is started with ``/reset`` on that connection (balanced
+placement spreads them over the workers) and stepped with its own cookie, so
+at 4 workers about three requests in four name a session another worker than
+the connection's current one holds.
+
+Servers side by side, one connection and one set of sessions each:
+
+- a 1-worker server (the baseline: every request local);
+- a 4-worker server with the default settings (connection handoff on);
+- a 4-worker server with ``--handoff off`` (every such request hops);
+- more 4-worker servers with ``--variant NAME='ARGS'`` (extra serve flags);
+- on the default server, a second client with 40 sessions of its own and one
+  kept-alive connection per worker, each request sent on the connection its
+  session's holder accepted: what a client told where each session lives (a
+  hint) could reach at best.
+
+The classes run in interleaved rounds (`routing_cost.interleaved_rounds`),
+and each ratio is the median of per-round p50 ratios over the 1-worker
+class (the machine is shared and noisy). Every reply's count is checked.
+
+    .venv/bin/python benchmarks/pooled_connection.py [--rounds 30] [--batch 200] [--baseline REV]
+
+``--baseline REV`` adds a 4-worker server of that commit's code (default
+settings), checked out in a temporary ``git worktree``, to the same rounds.
+
+Prints Markdown tables and each 4-worker server's ``/health`` delivery
+counts; writes pooled_connection.json into --out DIR (default
+benchmarks/results/local/, untracked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import uuid
+from typing import Any
+
+import _common
+from _common import RawConnection, markdown_table
+from routing_cost import SteppedSession, interleaved_rounds
+
+from gym_sessions.server.process import ServerProcess, start_server
+
+TARGET = "envs.counter:CounterEnv"
+SINGLE = "1 worker"
+DIRECT = "a connection per worker, each request on its holder's"
+TARGET_RATIO = 1.3
+
+
+class PooledSession(SteppedSession):
+    """A `SteppedSession` that knows its holder (the start reply's ``x-gym-worker``)."""
+
+    def __init__(self, start_on: RawConnection) -> None:
+        self.session_id = uuid.uuid4().hex
+        status, reply, response = start_on.request(
+            "POST", "/reset", {"resources_session_id": self.session_id}
+        )
+        cookie = _common.session_cookie(response)
+        if status != 200 or cookie is None:
+            raise RuntimeError(f"reset failed: {status} {reply}")
+        self.headers = {"Cookie": f"{_common.COOKIE}={cookie}"}
+        self.count = 0
+        self.owner = response.getheader("x-gym-worker") or start_on.worker
+
+
+class PooledClient:
+    """One kept-alive connection and the sessions it steps round robin."""
+
+    def __init__(self, server: ServerProcess, sessions: int) -> None:
+        self.server = server
+        self.connection = RawConnection(server.url)
+        self.sessions = [PooledSession(self.connection) for _ in range(sessions)]
+        self.next = 0
+
+    def steps(self, r: int, n: int, into: list[float]) -> None:
+        """``n`` steps, each of the next session in turn; each latency (ms) into ``into``."""
+        for _ in range(n):
+            session = self.sessions[self.next]
+            self.next = (self.next + 1) % len(self.sessions)
+            session.steps(self.connection, 1, into)
+
+    def holders(self) -> dict[str, int]:
+        """Sessions per worker, as each session's start reply named it (``x-gym-worker``)."""
+        counts: dict[str, int] = {}
+        for session in self.sessions:
+            counts[session.owner] = counts.get(session.owner, 0) + 1
+        return counts
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class DirectClient(PooledClient):
+    """The same sessions, each request on a connection its holder accepted.
+
+    What a client told where each session lives (a hint) could reach at
+    best: one kept-alive connection per worker (`connections_by_worker`),
+    every request served where it arrives. Measured on the default server.
+    """
+
+    def __init__(self, server: ServerProcess, sessions: int, workers: int) -> None:
+        super().__init__(server, sessions)
+        self.groups = _common.connections_by_worker(server.url, workers=workers, per_worker=1)
+
+    def steps(self, r: int, n: int, into: list[float]) -> None:
+        for _ in range(n):
+            session = self.sessions[self.next]
+            self.next = (self.next + 1) % len(self.sessions)
+            session.steps(self.groups[session.owner][0], 1, into)
+
+    def close(self) -> None:
+        super().close()
+        for group in self.groups.values():
+            for connection in group:
+                connection.close()
+
+
+def deliveries(url: str, workers: int) -> dict[str, dict[str, Any]]:
+    """Each worker's ``/health`` delivery counts (new connections until all answered)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(400):
+        connection = RawConnection(url)
+        _, health = connection.get("/health")
+        connection.close()
+        seen[health["worker"]] = health.get("deliveries", {})
+        if len(seen) == workers:
+            break
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=200, help="steps per class per round")
+    parser.add_argument("--warmup", type=int, default=400, help="unrecorded steps per class")
+    parser.add_argument("--sessions", type=int, default=40, help="sessions per connection")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="another multi-worker server with these serve flags (repeatable)",
+    )
+    parser.add_argument("--no-defaults", action="store_true", help="only the --variant servers")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also a multi-worker server (default settings) of this commit's code",
+    )
+    args = _common.parse_args(parser)
+    print(_common.load_note())
+    machine = _common.machine()
+
+    variants: dict[str, list[str]] = {}
+    if not args.no_defaults:
+        variants["handoff on (default)"] = []
+        variants["handoff off"] = ["--handoff", "off"]
+    for spec in args.variant:
+        name, _, flags = spec.partition("=")
+        variants[name] = shlex.split(flags)
+    workers = args.workers
+
+    with contextlib.ExitStack() as stack:
+        one = stack.enter_context(start_server(TARGET, "--debug-worker-header", workers=1))
+        clients = {SINGLE: PooledClient(one, args.sessions)}
+        stack.callback(clients[SINGLE].close)
+        servers: dict[str, ServerProcess] = {}
+        if args.baseline:
+            (revision,) = stack.enter_context(_common.worktrees([args.baseline]))
+            name = f"{args.baseline} (default settings)"
+            servers[name] = stack.enter_context(
+                _common.start_revision_server(
+                    revision, TARGET, "--debug-worker-header", workers=workers
+                )
+            )
+            clients[name] = PooledClient(servers[name], args.sessions)
+            stack.callback(clients[name].close)
+        for name, flags in variants.items():
+            server = stack.enter_context(
+                start_server(TARGET, *flags, "--debug-worker-header", workers=workers)
+            )
+            servers[name] = server
+            clients[name] = PooledClient(server, args.sessions)
+            stack.callback(clients[name].close)
+        if not args.no_defaults:
+            direct = DirectClient(servers["handoff on (default)"], args.sessions, workers)
+            stack.callback(direct.close)
+            clients[DIRECT] = direct
+        batches = {name: client.steps for name, client in clients.items()}
+        per_round = interleaved_rounds(
+            batches, cycle=1, warmup=args.warmup, rounds=args.rounds, batch=args.batch
+        )
+        counts = {name: deliveries(s.url, workers) for name, s in servers.items()}
+        placed = {name: clients[name].holders() for name in servers}
+        if DIRECT in clients:
+            _common.check_connections(direct.groups)
+
+    machine["loadavg_at_end"] = _common.os.getloadavg()
+    report = summarize(per_round, args, machine, counts, placed)
+    print_report(report)
+    path = _common.write_json("pooled_connection", report)
+    print(f"\nwrote {path}")
+
+
+def summarize(
+    per_round: dict[str, list[list[float]]],
+    args: argparse.Namespace,
+    machine: dict[str, Any],
+    counts: dict[str, dict[str, Any]],
+    placed: dict[str, dict[str, int]],
+) -> dict[str, Any]:
+    p50s = {k: [_common.percentile(b, 50) for b in v] for k, v in per_round.items()}
+    p99s = {k: [_common.percentile(b, 99) for b in v] for k, v in per_round.items()}
+    ratios = {
+        k: {
+            "p50": _common.median_ratio(p50s[k], p50s[SINGLE]),
+            "p99": _common.median_ratio(p99s[k], p99s[SINGLE]),
+        }
+        for k in per_round
+        if k != SINGLE
+    }
+    pooled = {k: _common.summary([x for b in v for x in b]) for k, v in per_round.items()}
+    return {
+        "machine": machine,
+        "rounds": args.rounds,
+        "batch": args.batch,
+        "sessions": args.sessions,
+        "workers": args.workers,
+        "unit": "ms per request, client-side wall time of one /step",
+        "pooled": pooled,
+        "per_round_p50": p50s,
+        "per_round_p99": p99s,
+        "ratios_over_1_worker_median_of_rounds": ratios,
+        "sessions_per_worker": placed,
+        "deliveries": counts,
+        "targets": {"p50_over_1_worker": TARGET_RATIO},
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    m = report["machine"]
+    print(
+        f"\n/step latency, {report['sessions']} sessions round robin on one kept-alive "
+        f"connection; {report['rounds']} interleaved rounds x {report['batch']} steps per "
+        f"class ({m['nproc']} cpus, load {m['loadavg_at_start'][0]:.2f} at start, "
+        f"{m['loadavg_at_end'][0]:.2f} at end)\n"
+    )
+    rows = [
+        [kind, s["n"], f"{s['p50']:.3f}", f"{s['p90']:.3f}", f"{s['p99']:.3f}"]
+        for kind, s in report["pooled"].items()
+    ]
+    print(markdown_table(["class", "requests", "p50 ms", "p90 ms", "p99 ms"], rows))
+    print()
+    ratio_rows = [
+        [f"{kind} / 1 worker", f"{r['p50']:.3f}", f"{r['p99']:.3f}", f"<= {TARGET_RATIO}"]
+        for kind, r in report["ratios_over_1_worker_median_of_rounds"].items()
+    ]
+    print(markdown_table(["median of per-round ratios", "p50", "p99", "p50 target"], ratio_rows))
+    print()
+    for name, workers in report["deliveries"].items():
+        handed = sum(w.get("handed_over", 0) for w in workers.values())
+        hopped = sum(w.get("hopped", 0) for w in workers.values())
+        reasons: dict[str, int] = {}
+        for w in workers.values():
+            for reason, n in w.get("hop_reasons", {}).items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        spread = sorted(report["sessions_per_worker"][name].values())
+        print(
+            f"{name}: sessions per worker {spread}; {handed} handed over, {hopped} hopped "
+            f"{reasons} (/health)"
+        )
+
+
+if __name__ == "__main__":
+    main()
