@@ -18,11 +18,16 @@ Against one ``gym-sessions serve CartPole-v1 --workers 4`` server:
 ``Pong-v5``, 210x160x3 uint8 frames, frame skip 4) or, with ``--pong
 preprocessed``, ``envs.atari:pong`` (``AtariPreprocessing`` + a stack of 4:
 ``(4, 84, 84)`` uint8, what a deep-RL agent is trained on); the ``atari``
-extra. Configurations: ``make_vec`` as above; ``local SyncVectorEnv``: the
+extra. Configurations: ``make_vec`` as above (8 sessions spread over the 4
+workers, two each: four ``/step_batch`` at once per vector step); ``make_vec
+packed``: ``batch_group_size=64``, all 8 on one worker, one request per
+vector step; ``local SyncVectorEnv``: the
 same env, 8 copies in this process (``gymnasium.vector.SyncVectorEnv``), the
 reference; ``local AsyncVectorEnv``: 8 copies, one process each (unless
 ``--no-local-async``). The figure is the median over rounds of each round's
-``make_vec`` / ``local SyncVectorEnv`` steps/s.
+``make_vec`` / ``local SyncVectorEnv`` steps/s. The server's CPU per step
+(its process tree, from ``/proc``, during the timed steps) is reported beside
+the caller's.
 
 Rounds interleave the configurations (order rotated each round); each cell
 is the median over rounds of (N x vector steps) / seconds, creation excluded,
@@ -63,6 +68,7 @@ WORKERS = 4
 VECTOR_STEPS = {1: 1500, 8: 400, 64: 60}
 WARMUP_STEPS = 10
 STEP_MODE = "make_vec /step"
+PACKED_MODE = "make_vec packed"
 LOCAL_SYNC = "local SyncVectorEnv"
 LOCAL_ASYNC = "local AsyncVectorEnv"
 PONG_TARGETS = {"raw": "tests.e2e.pixel_envs:pong", "preprocessed": "envs.atari:pong"}
@@ -86,6 +92,8 @@ def open_vector_env(url: str, mode: str, n: int, pong: str | None) -> gym.vector
         return gym.make_vec("gym_sessions/Remote-v0", num_envs=n, url=url)
     if mode == STEP_MODE:
         return gym.make_vec("gym_sessions/Remote-v0", num_envs=n, url=url, step_batch=False)
+    if mode == PACKED_MODE:  # every session on one worker, one request per vector step
+        return gym.make_vec("gym_sessions/Remote-v0", num_envs=n, url=url, batch_group_size=64)
     if mode == LOCAL_SYNC and pong is not None:
         return gym.vector.SyncVectorEnv([pong_factory(pong)] * n)
     if mode == LOCAL_ASYNC and pong is not None:
@@ -101,11 +109,19 @@ def measure_revision(path: str, url: str, n: int, seed: int) -> dict[str, float]
 
 
 def measure(
-    url: str, mode: str, n: int, seed: int, pong: str | None = None, steps: int | None = None
+    url: str,
+    mode: str,
+    n: int,
+    seed: int,
+    pong: str | None = None,
+    steps: int | None = None,
+    server_pid: int | None = None,
 ) -> dict[str, float]:
     """One measurement: create, reset, warm up, time ``steps`` (``VECTOR_STEPS[n]``) steps, close.
 
-    ``pong``: the `PONG_TARGETS` kind that the local modes make (and the server serves).
+    ``pong``: the `PONG_TARGETS` kind that the local modes make (and the server serves);
+    ``server_pid``: the server's supervisor, whose process tree's CPU during the
+    timed steps is counted.
     """
     steps = steps or VECTOR_STEPS[n]
     load = os.getloadavg()[0]
@@ -120,12 +136,15 @@ def measure(
         actions = rng.integers(0, int(space.n), size=(WARMUP_STEPS + steps, n))
         for row in actions[:WARMUP_STEPS]:
             envs.step(row)
+        server_cpu = 0.0 if server_pid is None else _common.tree_cpu_seconds(server_pid)
         cpu = time.process_time()
         started = time.perf_counter()
         for row in actions[WARMUP_STEPS:]:
             envs.step(row)
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu
+        if server_pid is not None:
+            server_cpu = _common.tree_cpu_seconds(server_pid) - server_cpu
     finally:
         envs.close()
     steps *= n
@@ -136,6 +155,7 @@ def measure(
         "create_seconds": created,
         # The calling process only (AsyncVectorEnv's workers are not counted).
         "caller_cpu_us_per_step": cpu / steps * 1e6,
+        "server_cpu_us_per_step": server_cpu / steps * 1e6,
     }
 
 
@@ -284,13 +304,14 @@ def run_pong(args: argparse.Namespace) -> None:
     """``--pong``: make_vec of 8 remote Pongs at 4 workers against the same env locally."""
     target = PONG_TARGETS[args.pong]
     steps = args.pong_steps or PONG_STEPS[args.pong]
-    modes = ["make_vec", LOCAL_SYNC] + ([] if args.no_local_async else [LOCAL_ASYNC])
+    modes = ["make_vec", PACKED_MODE, LOCAL_SYNC] + ([] if args.no_local_async else [LOCAL_ASYNC])
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     load_before = os.getloadavg()
     with start_server(target, workers=WORKERS) as server:
         for round_ in range(args.rounds):
             for mode in round_order(modes, round_):
-                result = measure(server.url, mode, PONG_NUM_ENVS, round_, args.pong, steps)
+                pid = server.process.pid if mode.startswith("make_vec") else None
+                result = measure(server.url, mode, PONG_NUM_ENVS, round_, args.pong, steps, pid)
                 runs[mode].append(result)
                 print(
                     f"round {round_} {mode}: {result['steps_per_second']:.0f} steps/s "
@@ -305,7 +326,11 @@ def run_pong(args: argparse.Namespace) -> None:
             for m, r in zip(runs[mode], runs[reference], strict=True)
         ]
 
-    ratios = {f"make_vec / {other}": per_round("make_vec", other) for other in modes[1:]}
+    ratios = {
+        f"{remote} / {local}": per_round(remote, local)
+        for remote in ("make_vec", PACKED_MODE)
+        for local in modes[2:]
+    }
     print(
         f"\n{target} ({args.pong}), {PONG_NUM_ENVS} envs, server at {WORKERS} workers, "
         f"{args.rounds} interleaved rounds of {steps} vector steps, {os.cpu_count()} cpus, "
@@ -321,10 +346,20 @@ def run_pong(args: argparse.Namespace) -> None:
                 f"{statistics.median(rates):.0f}",
                 f"{min(rates):.0f} - {max(rates):.0f}",
                 f"{statistics.median(r['caller_cpu_us_per_step'] for r in rounds):.0f}",
+                f"{statistics.median(r['server_cpu_us_per_step'] for r in rounds):.0f}",
+                f"{statistics.median(r['seconds'] for r in rounds) / steps * 1e3:.2f}",
                 f"{min(loads):.1f} - {max(loads):.1f}",
             ]
         )
-    headers = ["client", "steps/s (median)", "min - max", "caller CPU us/step", "load (1 min)"]
+    headers = [
+        "client",
+        "steps/s (median)",
+        "min - max",
+        "caller CPU us/step",
+        "server CPU us/step",
+        "ms per vector step",
+        "load (1 min)",
+    ]
     print(_common.markdown_table(headers, rows))
     for name, values in ratios.items():
         spread = ", ".join(f"{x:.2f}" for x in values)
