@@ -31,6 +31,8 @@ class RecordingTransport(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[bytes] = []
+        #: The buffers of each ``writelines`` call (each also one entry of `writes`).
+        self.vectored: list[list[Any]] = []
         self.closed = False
         self.closed_by_server = False
         self.writes_at_close: int | None = None
@@ -38,6 +40,12 @@ class RecordingTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         assert not self.closed, "written after close"
         self.writes.append(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        assert not self.closed, "written after close"
+        buffers = list(list_of_data)
+        self.vectored.append(buffers)
+        self.writes.append(b"".join(buffers))
 
     def close(self) -> None:
         if not self.closed:
@@ -102,6 +110,32 @@ async def test_a_reply_in_two_messages_is_one_write():
         assert b"content-length: %d" % len(BODY) in head
         assert body == BODY
     assert not transport.closed_by_server
+
+
+LARGE_BODY = bytes(range(256)) * 1024  # 256 KiB: a step batch of Pong frames
+
+
+async def large_reply(scope: Any, receive: Any, send: Any) -> None:
+    await receive()
+    length = (b"content-length", b"%d" % len(LARGE_BODY))
+    await send({"type": "http.response.start", "status": 200, "headers": [length]})
+    await send({"type": "http.response.body", "body": LARGE_BODY})
+
+
+async def test_a_large_body_goes_with_its_head_in_one_vectored_write_uncopied():
+    transport = await serve(large_reply, REQUEST, REQUEST)
+    assert len(transport.writes) == 2
+    assert len(transport.vectored) == 2
+    for write, (head, body) in zip(transport.writes, transport.vectored, strict=True):
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+        assert body is LARGE_BODY  # the app's own bytes, not a copy behind the head
+        assert write == head + LARGE_BODY
+
+
+async def test_a_small_body_is_not_a_vectored_write():
+    transport = await serve(json_reply, REQUEST)
+    assert len(transport.writes) == 1
+    assert transport.vectored == []
 
 
 async def test_a_head_waits_no_longer_than_the_apps_first_suspension():

@@ -16,6 +16,10 @@ one that prepends it to the next write. Under write back-pressure (uvicorn's
 flow control paused) nothing is held. Private listeners (the hop) do not
 coalesce: there the head's early write lets the forwarding worker start
 while the holder writes the body (`gym_sessions.transport.private_listener`).
+A large first message (pixel observations: a step batch of Pong frames is
+hundreds of KB) goes with its head in one ``writelines``, one vectored write
+in uvloop, rather than copied behind the head: sampled at 1 worker serving
+Pong step batches, that copy was 7.5% of the server's time.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 __all__ = ["CoalescedCycle"]
+
+#: Bytes from which a held head and the next message leave as two buffers of one
+#: ``writelines`` instead of one concatenated copy (below, the copy costs less).
+VECTORED_WRITE_BYTES = 16 * 1024
 
 
 class _HeadKeeper:
@@ -51,7 +59,12 @@ class _HeadFirst:
 
     def write(self, data: bytes) -> None:
         head, self.head = self.head, None
-        self.transport.write(data if head is None else head + data)
+        if head is None:
+            self.transport.write(data)
+        elif len(data) >= VECTORED_WRITE_BYTES:
+            self.transport.writelines((head, data))
+        else:
+            self.transport.write(head + data)
 
     def close(self) -> None:
         self.flush()
