@@ -718,3 +718,16 @@ if __name__ == "__main__":
     if sys.argv[1:2] != ["load"]:
         sys.exit("usage: python benchmarks/_common.py load --url URL [options]")
     _load_main(sys.argv[2:])
+
+
+def worker_deliveries(url: str, workers: int) -> dict[str, dict[str, Any]]:
+    """Each worker's ``/health`` delivery counts (new connections until ``workers`` answered)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(400):
+        connection = RawConnection(url)
+        _, health = connection.get("/health")
+        connection.close()
+        seen[health["worker"]] = health.get("deliveries", {})
+        if len(seen) == workers:
+            break
+    return seen

@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 import _common
-from _common import RawConnection, markdown_table
+from _common import RawConnection, markdown_table, worker_deliveries
 from routing_cost import WORKERS, SessionFleet, interleaved_rounds
 
 from gym_sessions.server.process import ServerProcess, start_server
@@ -116,19 +116,6 @@ class Fleet(SessionFleet):
         raise RuntimeError("no worker accepted the connection")
 
 
-def deliveries(url: str) -> dict[str, dict[str, Any]]:
-    """Each worker's ``/health`` delivery counts (new connections until all four answered)."""
-    seen: dict[str, dict[str, Any]] = {}
-    for _ in range(400):
-        connection = RawConnection(url)
-        _, health = connection.get("/health")
-        connection.close()
-        seen[health["worker"]] = health["deliveries"]
-        if len(seen) == WORKERS:
-            break
-    return seen
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -161,7 +148,7 @@ def main() -> None:
         per_round = interleaved_rounds(
             batches, cycle=WORKERS, warmup=args.warmup, rounds=args.rounds, batch=args.batch
         )
-        counts = {mode: deliveries(fleets[mode].server.url) for mode in MODES}
+        counts = {mode: worker_deliveries(fleets[mode].server.url, WORKERS) for mode in MODES}
 
     report = summarize(per_round, args, machine, counts)
     print_report(report)

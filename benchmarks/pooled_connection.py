@@ -42,7 +42,7 @@ import uuid
 from typing import Any
 
 import _common
-from _common import RawConnection, markdown_table
+from _common import RawConnection, markdown_table, worker_deliveries
 from routing_cost import SteppedSession, interleaved_rounds
 
 from gym_sessions.server.process import ServerProcess, start_server
@@ -121,19 +121,6 @@ class DirectClient(PooledClient):
                 connection.close()
 
 
-def deliveries(url: str, workers: int) -> dict[str, dict[str, Any]]:
-    """Each worker's ``/health`` delivery counts (new connections until all answered)."""
-    seen: dict[str, dict[str, Any]] = {}
-    for _ in range(400):
-        connection = RawConnection(url)
-        _, health = connection.get("/health")
-        connection.close()
-        seen[health["worker"]] = health.get("deliveries", {})
-        if len(seen) == workers:
-            break
-    return seen
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -197,7 +184,7 @@ def main() -> None:
         per_round = interleaved_rounds(
             batches, cycle=1, warmup=args.warmup, rounds=args.rounds, batch=args.batch
         )
-        counts = {name: deliveries(s.url, workers) for name, s in servers.items()}
+        counts = {name: worker_deliveries(s.url, workers) for name, s in servers.items()}
         placed = {name: clients[name].holders() for name in servers}
         if DIRECT in clients:
             _common.check_connections(direct.groups)
