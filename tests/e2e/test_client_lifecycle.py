@@ -180,6 +180,11 @@ class Child:
         """Let the child end (after ``stdin``, if given); returns its exit code and stderr."""
         try:
             _, stderr = self.process.communicate(stdin, timeout=within)
+        except subprocess.TimeoutExpired as timeout:
+            self.process.kill()
+            _, stderr = self.process.communicate(timeout=10)
+            message = f"the child did not end within {within} s; its stderr:\n{stderr}"
+            raise AssertionError(message) from timeout
         finally:
             self.kill()
         return self.process.returncode, stderr
