@@ -19,10 +19,10 @@ Importing it loads neither Starlette nor the server, and the client only
 when one of its names is first used.
 """
 
-import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gym_sessions._lazy_names import lazy_names
 from gym_sessions._registration import register_envs
 from gym_sessions.errors import (
     BadGatewayError,
@@ -74,25 +74,6 @@ if TYPE_CHECKING:
         RemoteVectorEnv,
         run_episodes,
     )
-
-# The client (with aiohttp, half a worker's import time) loads on first use:
-# a server's workers import this package but never the client.
-_CLIENT_NAMES = frozenset(
-    {"AsyncRemoteEnv", "EnvDescription", "RemoteEnv", "RemoteVectorEnv", "run_episodes"}
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CLIENT_NAMES:
-        value = getattr(importlib.import_module("gym_sessions.client"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
 
 try:
     __version__ = version("gym-sessions")
@@ -147,5 +128,16 @@ __all__ = [
     "register_envs",
     "run_episodes",
 ]
+
+# The client (with aiohttp, half a worker's import time) loads on first use:
+# a server's workers import this package but never the client.
+__getattr__, __dir__ = lazy_names(
+    globals(),
+    dict.fromkeys(
+        ("AsyncRemoteEnv", "EnvDescription", "RemoteEnv", "RemoteVectorEnv", "run_episodes"),
+        "gym_sessions.client",
+    ),
+    __all__,
+)
 
 register_envs()

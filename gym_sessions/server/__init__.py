@@ -9,9 +9,9 @@ Modules below this package are internal: their names may change between
 releases (``docs/design.md`` describes how they fit together).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gym_sessions._lazy_names import lazy_names
 from gym_sessions.server.app import WorkerApp, create_app
 from gym_sessions.server.base import SessionServer
 from gym_sessions.server.bodies import BodySchema, Field, integer_list, read_json
@@ -40,19 +40,6 @@ _LAZY_MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY_MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
-
 __all__ = [
     "AgentServer",
     "BodySchema",
@@ -75,3 +62,5 @@ __all__ = [
     "session_id",
     "start_server",
 ]
+
+__getattr__, __dir__ = lazy_names(globals(), _LAZY_MODULES, __all__)

@@ -197,6 +197,7 @@ def test_env_kwargs_for_a_server_target_are_one_error_line(short_tmp: str):
         ("--claims-timeout", "0", "claims_timeout"),
         ("--private-idle-timeout", "-1", "private_idle_timeout"),
         ("--private-max-connections", "0", "private_max_connections"),
+        ("--worker-start-timeout", "0", "worker_start_timeout"),
     ],
 )
 def test_bad_several_hosts_limits_are_one_error_line(
