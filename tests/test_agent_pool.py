@@ -18,7 +18,7 @@ POOL = 256  # the agent pool's connection limit
 async def test_calls_queued_for_a_pooled_connection_wait_past_the_connect_timeout():
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        await asyncio.sleep(0.6)  # every pooled connection busy, longer than a connect may take
+        await asyncio.sleep(1.5)  # every pooled connection busy, longer than a connect may take
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
         await writer.drain()
         writer.close()
@@ -26,7 +26,7 @@ async def test_calls_queued_for_a_pooled_connection_wait_past_the_connect_timeou
     server = await asyncio.start_server(slow, "127.0.0.1", 0, backlog=1024)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
     client = egress_session(
-        lambda target: target == url, max_reply_bytes=1024, connect_timeout=0.2, total_timeout=30
+        lambda target: target == url, max_reply_bytes=1024, connect_timeout=0.5, total_timeout=30
     )
     try:
 
