@@ -216,6 +216,7 @@ class AsyncRemoteEnv:
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Start (or restart) the session's episode; returns observation and info."""
+        sigterm.stop_if_terminated()
         protocol = self.protocol
         sigterm.hold(self)  # SIGTERM closes the session as Ctrl-C does
         if seed is not None:
@@ -246,6 +247,7 @@ class AsyncRemoteEnv:
 
     async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Take one action; returns observation, reward, terminated, truncated and info."""
+        sigterm.stop_if_terminated()
         protocol = self.protocol
         reply = await self._http.send_step(protocol.step_recovery(action))
         return protocol.step_reply(reply)

@@ -130,6 +130,7 @@ class RemoteEnv(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
+        sigterm.stop_if_terminated()
         super().reset(seed=seed)
         sigterm.hold(self)  # SIGTERM closes the session as Ctrl-C does
         reply = self._http.send(self._protocol.reset_request(seed, options))
@@ -139,6 +140,7 @@ class RemoteEnv(gym.Env):
         return observation, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        sigterm.stop_if_terminated()
         reply = self._http.send_step(self._protocol.step_recovery(action))
         return self._protocol.step_reply(reply)
 

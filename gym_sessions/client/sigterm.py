@@ -14,6 +14,13 @@ reports for a process SIGTERM ended): the stack unwinds as on Ctrl-C, quietly
 handler puts the default back before it raises, so a second SIGTERM (or one
 during the exit's closes) ends the process at once, as before.
 
+Python drops an exception raised where it cannot propagate: in a finalizer
+(an ``HTTPResponse`` closed as it is collected, a ``__del__``, a weakref
+callback) it only prints "Exception ignored". A SIGTERM that lands there
+would leave the loop running with the default handler back, so the handler
+also remembers it came, and `stop_if_terminated`, called by every reset and
+step, raises the ``SystemExit`` again in the main thread.
+
 Left alone, always:
 
 - a handler of the application's own, installed before or after the first
@@ -39,7 +46,7 @@ import threading
 import weakref
 from types import FrameType
 
-__all__ = ["EXIT_STATUS", "hold", "release"]
+__all__ = ["EXIT_STATUS", "hold", "release", "stop_if_terminated"]
 
 #: The exit status of a client process that SIGTERM stopped (as a shell reports it).
 EXIT_STATUS = 128 + signal.SIGTERM
@@ -49,6 +56,8 @@ _held: dict[int, weakref.ref[object]] = {}
 _lock = threading.Lock()
 # The process whose handler this is (a forked child inherits it, not the pid).
 _installed_by: int | None = None
+# The process whose handler raised SystemExit (which a finalizer may have swallowed).
+_terminated: int | None = None
 
 
 def hold(owner: object) -> None:
@@ -69,6 +78,16 @@ def release(owner: object) -> None:
         _held.pop(id(owner), None)
         if not _held and threading.current_thread() is threading.main_thread():
             _uninstall()
+
+
+def stop_if_terminated() -> None:
+    """Raise ``SystemExit(143)`` again if this process's SIGTERM handler already raised it.
+
+    Called by each reset and step: it ends a loop whose first ``SystemExit``
+    a finalizer swallowed. Only in the main thread, where the handler raised it.
+    """
+    if _terminated == os.getpid() and threading.current_thread() is threading.main_thread():
+        raise SystemExit(EXIT_STATUS)
 
 
 def _collected(key: int) -> None:
@@ -94,7 +113,7 @@ def _uninstall() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    global _installed_by
+    global _installed_by, _terminated
     # No lock here: the main thread may hold it where the signal came in.
     ours = _installed_by == os.getpid()
     signal.signal(signum, signal.SIG_DFL)
@@ -102,4 +121,5 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if not ours or not _held:
         os.kill(os.getpid(), signum)  # ends the process as the default would
         return
+    _terminated = os.getpid()
     raise SystemExit(EXIT_STATUS)

@@ -460,6 +460,7 @@ class RemoteVectorEnv(VectorEnv):
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every sub-env (or those in ``options["reset_mask"]``), as ``SyncVectorEnv``."""
+        sigterm.stop_if_terminated()
         sigterm.hold(self)  # here too: the sub-envs may reset in the loop's own thread
         if isinstance(seed, int):
             seeds: list[int | None] = [seed + i for i in range(self.num_envs)]
@@ -524,6 +525,7 @@ class RemoteVectorEnv(VectorEnv):
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every sub-env concurrently; autoreset as ``metadata["autoreset_mode"]`` says."""
+        sigterm.stop_if_terminated()
         if self._needs_reset:
             raise RuntimeError("call reset() first (after creation or after a sub-env failed)")
         mode = self.autoreset_mode

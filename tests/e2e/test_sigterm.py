@@ -99,6 +99,25 @@ print("ready", 0, flush=True)
 time.sleep(60)
 """
 
+# SIGTERM lands in a finalizer, where Python only prints its SystemExit: the next step ends it.
+SWALLOWED_IN_A_FINALIZER = r"""
+import os, signal, sys, gym_sessions
+from gym_sessions.client import RemoteEnv
+
+class SignalledWhileCollected:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs here, inside the finalizer
+            pass
+
+env = RemoteEnv(sys.argv[1])
+env.reset()
+SignalledWhileCollected()
+print("ready", 1, flush=True)
+while True:
+    env.step(1)
+"""
+
 # A forked child of a process with open sessions: dies by the signal.
 FORKED_CHILD = r"""
 import multiprocessing, sys, time, gym_sessions
@@ -128,6 +147,16 @@ def test_a_process_stopped_by_sigterm_mid_episode_closes_its_sessions(serve, chi
     code, stderr = child.finish()
     assert code == sigterm.EXIT_STATUS == 143, stderr
     assert stderr.strip() == ""
+    assert settled_sessions(server, 2, 0) == 0
+
+
+def test_a_sigterm_a_finalizer_swallowed_still_ends_the_loop_at_its_next_step(serve, children):
+    server = serve(COUNTER, workers=2)
+    child = children(SWALLOWED_IN_A_FINALIZER, server.url)
+    child.wait_ready()
+    code, stderr = child.finish()
+    assert "Exception ignored" in stderr and "SystemExit: 143" in stderr  # where it landed
+    assert code == 143, stderr
     assert settled_sessions(server, 2, 0) == 0
 
 
