@@ -101,8 +101,10 @@ def serve(
     """Serve ``target`` with ``settings`` until interrupted (SIGINT/SIGTERM).
 
     This process and every worker are non-dumpable (`gym_sessions.non_dumpable`):
-    they hold the secret. Workers receive ``settings`` through uvicorn's
-    spawn pipe (`WorkerConfig`), never through their environment or argv.
+    they hold the secret. Workers receive ``settings`` in the config they
+    are started with (`WorkerConfig`: forked from this process on Linux,
+    pickled through uvicorn's spawn pipe elsewhere), never through their
+    environment or argv.
 
     Args:
         target: A registered Gymnasium id or ``module:attr``.
@@ -120,28 +122,29 @@ def serve(
 
     from gym_sessions.metrics.directory import MetricsDirectory
     from gym_sessions.runtime_dir import RuntimeDirectory
-    from gym_sessions.server.base import SessionServer
-    from gym_sessions.server.targets import ServeTarget, load_target
+    from gym_sessions.server.targets import ServeTarget
     from gym_sessions.server.worker import WorkerConfig, WorkerSpec
     from gym_sessions.transport.http_protocol import BoundedHttpProtocol
     from gym_sessions.transport.supervisor import Supervisor
+    from gym_sessions.transport.worker_start import WORKERS_FORK, check_in_child
 
     if env_kwargs:
         target = ServeTarget(target, env_kwargs)
     _make_non_dumpable()  # again for callers from Python; main() did it before reading the secret
-    served = load_target(target)  # fail here, with one clear line, rather than in every worker
-    _check_egress(served, settings)
-    if isinstance(served, SessionServer):
-        served.check_settings(settings)
-        if settings.durable_sessions:
-            _report_durability(served, settings)
+    supervised = settings.workers > 1 or settings.routed
+    # Fail here, with one clear line, rather than in every worker. Workers fork
+    # from this process: were the target imported here, every worker, those of
+    # a reload too, would serve the code of this moment, so a child checks it.
+    if supervised and WORKERS_FORK:
+        check_in_child(_check_target, target, settings)
+    else:
+        _check_target(target, settings)
     if settings.redis_claims:
         from gym_sessions.routing.redis_eviction import check_redis
 
         check_redis(settings.claims)
     sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
-    supervised = settings.workers > 1 or settings.routed
     if supervised:
         # Claims and private sockets (file claims), the workers' shutdown marks
         # (every routed server), and the metrics files (every supervised server).
@@ -204,6 +207,19 @@ def serve(
         if pid_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pid_file)
+
+
+def _check_target(target: str, settings: Settings) -> None:
+    """Load ``target`` and refuse settings it cannot serve with (`StartupError`)."""
+    from gym_sessions.server.base import SessionServer
+    from gym_sessions.server.targets import load_target
+
+    served = load_target(target)
+    _check_egress(served, settings)
+    if isinstance(served, SessionServer):
+        served.check_settings(settings)
+        if settings.durable_sessions:
+            _report_durability(served, settings)
 
 
 def _check_egress(served: Any, settings: Settings) -> None:

@@ -5,7 +5,8 @@
   one line of at least `MIN_SECRET_LENGTH` characters.
 - ``$GYM_SESSIONS_SECRET``: at least `MIN_SECRET_LENGTH` characters too.
   The supervisor removes it from its environment once read, so no process it
-  starts inherits it.
+  starts inherits it, and blanks it in the environment block it was started
+  with, which ``/proc/<pid>/environ`` shows (and which forked workers share).
 - Neither: no secret here; `gym_sessions.settings.Settings` then picks a
   random one per start (and refuses to, with Redis claims).
 
@@ -19,6 +20,7 @@ Secrets built into `Settings` by Python code are not checked here.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
@@ -107,18 +109,41 @@ def take_secret_from_environment() -> str | None:
     """``$GYM_SESSIONS_SECRET`` (None when unset or empty), removed from this process's environment.
 
     Removing it keeps it out of the environment of every process started
-    afterwards (workers, interpreters of environments). The environment
-    block this process was started with still holds it: that is why the
-    server makes itself non-dumpable (`gym_sessions.non_dumpable`).
+    afterwards (workers, interpreters of environments). Its value is also
+    overwritten with zero bytes in the environment block this process was
+    started with, where ``/proc/<pid>/environ`` would show it to root and a
+    forked worker would carry it; the secret stays in this process's memory,
+    which is why the server makes itself non-dumpable (`gym_sessions.non_dumpable`).
 
     Raises:
         StartupError: it is shorter than `MIN_SECRET_LENGTH` characters.
     """
+    _blank_in_initial_environment(SECRET_ENV)
     secret = os.environ.pop(SECRET_ENV, None)
     if not secret:
         return None
     _check_length(secret, SECRET_ENV)
     return secret
+
+
+def _blank_in_initial_environment(name: str) -> None:
+    """Overwrite ``name``'s value with zero bytes where the C library's ``environ`` keeps it.
+
+    Before `os.environ` drops the variable (``unsetenv`` would remove the
+    pointer, not the bytes). Where the C library has no ``environ`` symbol,
+    nothing is done.
+    """
+    try:
+        environ = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError, TypeError):
+        return
+    prefix = name.encode() + b"="
+    index = 0
+    while (address := environ[index]) is not None:
+        entry = ctypes.string_at(address)
+        if entry.startswith(prefix):
+            ctypes.memset(address + len(prefix), 0, len(entry) - len(prefix))
+        index += 1
 
 
 def server_secret(secret_file: str | None) -> str | None:
@@ -131,7 +156,8 @@ def server_secret(secret_file: str | None) -> str | None:
             `take_secret_from_environment`).
     """
     if secret_file is not None:
-        os.environ.pop(SECRET_ENV, None)  # unused, and no process started later inherits it
+        _blank_in_initial_environment(SECRET_ENV)  # unused: shown nowhere, inherited by nobody
+        os.environ.pop(SECRET_ENV, None)
         return read_secret_file(secret_file)
     return take_secret_from_environment()
 

@@ -151,33 +151,58 @@ def serve(short_tmp) -> Iterator[Callable[..., ServerProcess]]:
         server.stop()
 
 
+class _ServerPool:
+    """Servers kept running between tests, one per argument list, started on first use."""
+
+    def __init__(self) -> None:
+        self._started: dict[tuple[Any, ...], ServerProcess] = {}
+
+    def serve(self, target: str, *args: str, workers: int = 1) -> ServerProcess:
+        key = (target, args, workers)
+        server = self._started.get(key)
+        if server is None or server.process.poll() is not None:
+            server = start_server(target, *args, workers=workers)
+            self._started[key] = server
+        return server
+
+    def stop(self) -> None:
+        for server in self._started.values():
+            server.stop()
+
+
 @pytest.fixture(scope="session")
-def _shared_servers() -> Iterator[dict[tuple[Any, ...], ServerProcess]]:
-    started: dict[tuple[Any, ...], ServerProcess] = {}
-    yield started
-    for server in started.values():
-        server.stop()
+def _run_servers() -> Iterator[_ServerPool]:
+    pool = _ServerPool()
+    yield pool
+    pool.stop()
 
 
 @pytest.fixture
-def shared_serve(_shared_servers) -> Callable[..., ServerProcess]:
+def shared_serve(_run_servers) -> Callable[..., ServerProcess]:
     """``shared_serve(target, *args, workers=N)``: one server per argument list for the run.
 
     Started on first use and stopped when the run ends (per xdist worker), so
     only for tests that use sessions of their own: a test that stops, signals
     or kills the server or its workers, changes its files, or counts sessions,
-    claims or metrics server-wide starts its own with `serve`.
+    claims or metrics server-wide starts its own with `serve` (or, for
+    counting, shares one with its module's tests through `module_serve`).
     """
+    return _run_servers.serve
 
-    def _serve(target: str, *args: str, workers: int = 1) -> ServerProcess:
-        key = (target, args, workers)
-        server = _shared_servers.get(key)
-        if server is None or server.process.poll() is not None:
-            server = start_server(target, *args, workers=workers)
-            _shared_servers[key] = server
-        return server
 
-    return _serve
+@pytest.fixture(scope="module")
+def module_serve() -> Iterator[Callable[..., ServerProcess]]:
+    """``module_serve(target, *args, workers=N)``: one server per argument list for a module.
+
+    A module's tests run one after another on one xdist worker (``--dist
+    loadgroup``, a group per module), so its tests may count sessions
+    server-wide as long as each one closes every session it opened and
+    asserts so. A test that stops, signals or kills the server or its
+    workers starts its own with `serve`.
+    """
+    pool = _ServerPool()
+    yield pool.serve
+    pool.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,9 @@ so gauges describe the live workers only.
 
 prometheus_client picks multiprocess mode from ``$PROMETHEUS_MULTIPROC_DIR``
 when it is first imported, so the supervisor sets it (`export`) before it
-starts any worker and every worker inherits it. The directory lives and dies
+starts any worker and every worker inherits it; a worker forked from a
+supervisor that imported prometheus_client earlier picks the mode again
+(`record_here`). The directory lives and dies
 with the runtime directory (mode 0700, removed when the server exits).
 """
 
@@ -71,6 +73,19 @@ class MetricsDirectory:
     def active(self) -> bool:
         """Whether this process records into this directory (it inherited `export`)."""
         return os.environ.get(MULTIPROC_ENV) == self.path
+
+    def record_here(self) -> None:
+        """Make this process's metrics go to the directory (an `active` one), not to its memory.
+
+        For a worker forked from its supervisor, before its first metric: it
+        inherited prometheus_client as the supervisor imported it, maybe
+        before `export`, in single-process mode. Picking the mode again is
+        what a fresh import would have done.
+        """
+        from prometheus_client import values
+
+        if not getattr(values.ValueClass, "_multiprocess", False):
+            values.ValueClass = values.get_value_class()
 
     def forget_pid(self, pid: int) -> None:
         """Remove the live-gauge files of process ``pid`` (gone, or a pid now reused)."""

@@ -2,10 +2,11 @@
 
 The supervisor (``gym-sessions serve``) builds one `WorkerConfig`, a uvicorn
 ``Config`` that carries the target and the settings (the secret and the
-runtime directory included). uvicorn starts each worker, replacements of dead
-workers too, as a ``multiprocessing`` *spawn* child and hands it that config
-object pickled through a pipe: the secret is never in a worker's environment,
-in its command line or in a file. Each worker makes itself non-dumpable as it
+runtime directory included). Each worker, replacements of dead workers too,
+is forked from the supervisor with that config in its memory (Linux), or
+spawned and handed it pickled through a pipe (elsewhere,
+`gym_sessions.transport.worker_start`): the secret is never in a worker's
+environment, in its command line or in a file. Each worker makes itself non-dumpable as it
 receives the config, so other processes of its uid cannot read it back from
 the worker's memory. With one worker the supervisor serves the same config
 in-process.
@@ -73,24 +74,29 @@ class WorkerConfig(uvicorn.Config):
         self.spec = spec
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Runs only when a worker unpickles the config uvicorn sent it: the
-        # earliest point where gym-sessions code runs in a worker, before the
-        # app is built and before any request. execve reset the flag the
-        # supervisor set, so the worker sets its own.
+        # Runs only when a spawned worker unpickles the config uvicorn sent it:
+        # the earliest point where gym-sessions code runs there, before the app
+        # is built and before any request. execve reset the flag the supervisor
+        # set, so the worker sets its own (a forked worker kept it).
         make_process_non_dumpable()
         self.__dict__.update(state)
-        _forget_live_gauges_of_this_pid(self.spec.settings)
+
+    def started_in_worker(self) -> None:
+        """Called first in each worker, forked or spawned, before the target is imported."""
+        _record_into_the_servers_metrics(self.spec.settings)
 
 
-def _forget_live_gauges_of_this_pid(settings: Settings) -> None:
-    """A worker whose pid an exited worker of this server had must not show that one's gauges.
+def _record_into_the_servers_metrics(settings: Settings) -> None:
+    """Before any metric of this worker (the env's own included) exists.
 
-    prometheus_client names its files by pid and would reopen the earlier
-    process's live-gauge file (its worker would look alive) if no scrape
-    removed it in between. Before the target is imported, so no gauge of this
-    process (the env's own included) exists yet.
+    Into the server's files, whichever way the worker started (`record_here`).
+    And a worker whose pid an exited worker of this server had must not show
+    that one's gauges: prometheus_client names its files by pid and would
+    reopen the earlier process's live-gauge file (its worker would look
+    alive) if no scrape removed it in between.
     """
     if settings.runtime_dir is not None:
         directory = MetricsDirectory.of(settings.runtime_dir)
         if directory.active:
+            directory.record_here()
             directory.forget_pid(os.getpid())

@@ -40,6 +40,7 @@ import asyncio
 import logging
 import os
 import pickle
+import select
 import signal
 import threading
 import time
@@ -55,6 +56,11 @@ from uvicorn.supervisors.multiprocess import Multiprocess, Process
 from gym_sessions.runtime_dir import SERVER_MARK, STOPPING, RuntimeDirectory
 from gym_sessions.transport.http_protocol import TESTED_UVICORN, BoundedHttpProtocol
 from gym_sessions.transport.parent_death import die_with_parent, on_parent_death
+from gym_sessions.transport.worker_start import (
+    WORKERS_FORK,
+    start_context,
+    start_like_a_fresh_interpreter,
+)
 
 __all__ = ["DRAIN_SIGNAL", "DrainableServer", "SupervisedApp", "Supervisor", "worker_app"]
 
@@ -213,14 +219,28 @@ def worker_app(app: Any) -> SupervisedApp | None:
 
 
 class _WorkerProcess(Process):
-    """uvicorn's worker process, serving with a `DrainableServer`, dying with its supervisor."""
+    """uvicorn's worker process, serving with a `DrainableServer`, dying with its supervisor.
+
+    Forked rather than spawned on Linux (`gym_sessions.transport.worker_start`).
+    A config with a ``started_in_worker()`` method has it called first thing
+    in the worker, before the app is built.
+    """
 
     def __init__(self, config: Any, sockets: list[Any]) -> None:
         # Read here, in the supervisor: the worker compares its parent with it.
         self.supervisor_pid = os.getpid()
         super().__init__(config, sockets)
+        if WORKERS_FORK:
+            # uvicorn's spawned child, forked instead: the same function and arguments.
+            spawned: Any = self.process
+            self.process = start_context().Process(
+                target=spawned._target, args=spawned._args, kwargs=spawned._kwargs
+            )
 
     def target(self, sockets: list[Any] | None = None) -> None:
+        if WORKERS_FORK:
+            start_like_a_fresh_interpreter()
+
         # An orphan first stops taking connections on the public port, then
         # releases its sessions (registered once the app has started).
         def close_public_socket() -> None:
@@ -229,6 +249,9 @@ class _WorkerProcess(Process):
 
         on_parent_death(close_public_socket)
         die_with_parent(self.supervisor_pid)
+        started_in_worker = getattr(self.config, "started_in_worker", None)
+        if started_in_worker is not None:
+            started_in_worker()
         super().target(sockets)
 
     @property
@@ -300,6 +323,12 @@ class Supervisor(Multiprocess):
         self.start_timeout = start_timeout
         self.draining: list[_Draining] = []
         self._interrupts = 0
+        # uvicorn's loop looks at its queued signals every 0.5 s: a signal also
+        # writes a byte here (at C level), so SIGTERM or SIGHUP is acted on at once.
+        self._wakeup_read, wakeup_write = os.pipe()
+        for end in (self._wakeup_read, wakeup_write):
+            os.set_blocking(end, False)
+        signal.set_wakeup_fd(wakeup_write, warn_on_full_buffer=False)
 
     def _new_process(self) -> Process:
         process = _WorkerProcess(self.config, self.sockets)
@@ -407,7 +436,9 @@ class Supervisor(Multiprocess):
     def run(self) -> None:
         logger.info("supervisor [%d] started", os.getpid())
         self.init_processes()
-        while not self.should_exit.wait(0.5):
+        while not self.should_exit.is_set():
+            if select.select([self._wakeup_read], [], [], 0.5)[0]:
+                os.read(self._wakeup_read, 4096)
             self.handle_signals()
             self.keep_subprocess_alive()
         everyone = [*self.processes, *(entry.process for entry in self.draining)]

@@ -1,6 +1,7 @@
 """Clients leak nothing: sessions close at garbage collection and exit, reset after close, headers.
 
-Against real multi-worker servers: an env collected without ``close()``, a
+Against real multi-worker servers (one per kind for the module; the test that
+freezes its workers has its own): an env collected without ``close()``, a
 process that exits (or is interrupted) with envs open, and a process whose
 server stops answering all leave no live session on any worker and no
 "Unclosed client session" or "Exception ignored" on stderr. ``reset()`` after
@@ -341,8 +342,8 @@ def _open_and_drop_vector(url: str) -> str:
     [_open_and_drop_sync, _open_and_drop_async, _open_and_drop_vector],
     ids=["sync", "async", "vector"],
 )
-def test_an_env_collected_without_close_closes_its_sessions(serve, open_and_drop):
-    server = serve(COUNTER, workers=4)
+def test_an_env_collected_without_close_closes_its_sessions(module_serve, open_and_drop):
+    server = module_serve(COUNTER, workers=4)
     threads = threading.active_count()
     gc.collect()  # garbage of earlier tests warns on collection too: not this env's doing
     with warnings.catch_warnings(record=True) as caught:
@@ -354,8 +355,8 @@ def test_an_env_collected_without_close_closes_its_sessions(serve, open_and_drop
     assert not [w for w in caught if "nclosed" in str(w.message)]
 
 
-def test_a_process_that_exits_with_envs_open_closes_them_and_prints_nothing(serve, children):
-    server = serve(COUNTER, workers=4)
+def test_a_process_that_exits_with_envs_open_closes_them_and_prints_nothing(module_serve, children):
+    server = module_serve(COUNTER, workers=4)
     child = children(OPENS_AND_EXITS, server.url)
     held = child.wait_ready()
     # The AsyncRemoteEnv dropped inside its loop is already closed.
@@ -367,8 +368,8 @@ def test_a_process_that_exits_with_envs_open_closes_them_and_prints_nothing(serv
 
 
 @pytest.mark.parametrize("client", sorted(STEPS_UNTIL_INTERRUPTED))
-def test_a_process_interrupted_mid_episode_closes_its_sessions(serve, children, client):
-    server = serve(COUNTER, workers=4)
+def test_a_process_interrupted_mid_episode_closes_its_sessions(module_serve, children, client):
+    server = module_serve(COUNTER, workers=4)
     child = children(STEPS_UNTIL_INTERRUPTED[client], server.url)
     held = child.wait_ready()
     assert live_sessions(server, 4) == held
@@ -404,8 +405,8 @@ def test_exit_is_bounded_and_quiet_when_the_server_stops_answering(serve, childr
 # reset() after close() ----------------------------------------------------------------------------
 
 
-def test_remote_env_reset_after_close_starts_a_new_session(serve):
-    server = serve(COUNTER, workers=2)
+def test_remote_env_reset_after_close_starts_a_new_session(module_serve):
+    server = module_serve(COUNTER, workers=2)
     env = RemoteEnv(server.url)
     env.reset(options={"initial_count": 5})
     first = env.session_id
@@ -420,8 +421,8 @@ def test_remote_env_reset_after_close_starts_a_new_session(serve):
     assert live_sessions(server, 2) == 0
 
 
-def test_async_env_reset_after_close_starts_a_new_session(serve):
-    server = serve(COUNTER, workers=2)
+def test_async_env_reset_after_close_starts_a_new_session(module_serve):
+    server = module_serve(COUNTER, workers=2)
 
     async def main() -> tuple[str, str, int]:
         async with AsyncRemoteEnv(server.url) as env:
@@ -436,10 +437,10 @@ def test_async_env_reset_after_close_starts_a_new_session(serve):
     assert live_sessions(server, 2) == 0
 
 
-def test_render_close_then_reset_and_steps_as_sb3_check_env_does(serve, monkeypatch):
+def test_render_close_then_reset_and_steps_as_sb3_check_env_does(module_serve, monkeypatch):
     for name, value in HEADLESS.items():
         monkeypatch.setenv(name, value)
-    server = serve("CartPole-v1", workers=2)
+    server = module_serve("CartPole-v1", workers=2)
     env = gym.make(REMOTE, url=server.url, render_mode="rgb_array")
     env.reset(seed=0)
     assert env.render().shape == (400, 600, 3)
@@ -453,10 +454,10 @@ def test_render_close_then_reset_and_steps_as_sb3_check_env_does(serve, monkeypa
     assert live_sessions(server, 2) == 0
 
 
-def test_gymnasium_check_env_with_render_check_passes_after_close(serve, monkeypatch):
+def test_gymnasium_check_env_with_render_check_passes_after_close(module_serve, monkeypatch):
     for name, value in HEADLESS.items():
         monkeypatch.setenv(name, value)
-    server = serve("CartPole-v1", workers=2)
+    server = module_serve("CartPole-v1", workers=2)
     env = gym.make(REMOTE, url=server.url, render_mode="rgb_array")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -472,13 +473,13 @@ def test_gymnasium_check_env_with_render_check_passes_after_close(serve, monkeyp
     assert live_sessions(server, 2) == 0
 
 
-def test_stable_baselines3_check_env_with_render_check(serve, monkeypatch):
+def test_stable_baselines3_check_env_with_render_check(module_serve, monkeypatch):
     # The sb3 extra (make venv installs it): skipped without it, failed on CI.
     env_checker = import_extra_or_skip("stable_baselines3.common.env_checker", "sb3")
     sb3_check_env = env_checker.check_env
     for name, value in HEADLESS.items():
         monkeypatch.setenv(name, value)
-    server = serve("CartPole-v1", workers=2)
+    server = module_serve("CartPole-v1", workers=2)
     env = gym.make(REMOTE, url=server.url, render_mode="rgb_array")
     sb3_check_env(env.unwrapped, warn=True, skip_render_check=False)
     env.close()
@@ -488,8 +489,8 @@ def test_stable_baselines3_check_env_with_render_check(serve, monkeypatch):
 # keep_alive=False ---------------------------------------------------------------------------------
 
 
-def test_async_env_without_keep_alive_completes_an_episode(serve):
-    server = serve(COUNTER, workers=4)
+def test_async_env_without_keep_alive_completes_an_episode(module_serve):
+    server = module_serve(COUNTER, workers=4)
 
     async def main() -> float:
         async with AsyncRemoteEnv(server.url, keep_alive=False) as env:
@@ -512,8 +513,8 @@ async def _async_episode(url: str) -> float:
         return (await env.verify())["reward"]
 
 
-def test_headers_go_on_every_request_of_every_client(serve, auth_proxy):
-    server = serve(COUNTER, workers=2)
+def test_headers_go_on_every_request_of_every_client(module_serve, auth_proxy):
+    server = module_serve(COUNTER, workers=2)
     proxy = auth_proxy(server.url)
     with pytest.raises(HTTPError) as refused:
         RemoteEnv(proxy.url)
@@ -550,9 +551,9 @@ def test_headers_go_on_every_request_of_every_client(serve, auth_proxy):
 
 
 def test_headers_reach_the_close_at_garbage_collection_and_no_session_closes_twice(
-    serve, auth_proxy
+    module_serve, auth_proxy
 ):
-    server = serve(COUNTER, workers=2)
+    server = module_serve(COUNTER, workers=2)
     proxy = auth_proxy(server.url)
     closed = RemoteEnv(proxy.url, headers=AUTH)
     closed.reset()
@@ -569,8 +570,8 @@ def test_headers_reach_the_close_at_garbage_collection_and_no_session_closes_twi
     assert live_sessions(server, 2) == 0
 
 
-def test_headers_the_client_sets_itself_are_refused(serve):
-    server = serve(COUNTER)
+def test_headers_the_client_sets_itself_are_refused(module_serve):
+    server = module_serve(COUNTER)
     for name in ("Content-Type", "connection", "Host"):
         with pytest.raises(ValueError, match=name):
             RemoteEnv(server.url, headers={name: "x"})

@@ -21,6 +21,14 @@ COUNTER = "envs.counter:CounterEnv"
 SLOW = "tests.e2e.slow_env:SlowCounterEnv"
 
 
+def _caught_signals(pid: int) -> set[signal.Signals]:
+    """The signals process ``pid`` has a handler for (``SigCgt`` in /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        mask = int(next(line for line in status if line.startswith("SigCgt:")).split()[1], 16)
+    known = {int(s) for s in signal.Signals}
+    return {signal.Signals(n) for n in known if mask >> (n - 1) & 1}
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -262,6 +270,13 @@ def test_sigttou_drains_one_worker_and_sigttin_adds_one(serve):
     assert _wait_for(lambda: len(server.worker_pids()) == 3, within=20)
     server.process.send_signal(signal.SIGTTIN)
     assert _wait_for(lambda: len(server.worker_pids()) == 4, within=20)
+    # Workers (forked from the supervisor) catch none of the supervisor's own signals: a
+    # SIGHUP to a worker ends it as it would a spawned one. SIGTERM and SIGINT are uvicorn's.
+    supervisors = {signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGQUIT, signal.SIGWINCH}
+    assert supervisors <= _caught_signals(server.process.pid)
+    for pid in server.worker_pids():
+        assert _wait_for(lambda pid=pid: signal.SIGTERM in _caught_signals(pid), within=20)
+        assert _caught_signals(pid) & supervisors == set(), pid
 
 
 # No orphans ------------------------------------------------------------------------------------

@@ -335,8 +335,8 @@ def test_supervisor_and_workers_are_non_dumpable(servers, short_tmp, workers):
         control.kill()
         control.wait(10)
 
-    # The secret comes from the environment: the supervisor's initial
-    # environment block holds it for as long as it runs.
+    # The secret comes from the environment: the supervisor blanks it in its
+    # initial environment block (which forked workers share) as it reads it.
     server = start_server(
         COUNTER, workers=workers, tmpdir=os.path.join(short_tmp, "s"),
         secret=SECRET, launcher=launcher,
@@ -349,9 +349,9 @@ def test_supervisor_and_workers_are_non_dumpable(servers, short_tmp, workers):
     assert len(holders) == (1 if workers == 1 else 1 + workers)
     outcome = read_as_same_user(launcher, holders)
     assert outcome == {f"{pid} {name}": "refused" for pid in holders for name in ("environ", "mem")}
-    # None of them inherited the secret: only the supervisor's first block has it.
+    # None of them shows the secret in its environment, nor inherited it.
     if os.getuid() == 0:
-        for pid in holders[1:]:
+        for pid in holders:
             assert SECRET.encode() not in proc_file(pid, "environ")
         for pid in descendants(server.process.pid):
             assert SECRET.encode() not in proc_file(pid, "cmdline")

@@ -1,6 +1,6 @@
 """A client process stopped with SIGTERM closes its sessions as on Ctrl-C, leaving handlers be.
 
-Real child processes step envs on a real 2-worker server and get SIGTERM (what
+Real child processes step envs on a real 2-worker server (one for the module) and get SIGTERM (what
 ``kill``, Slurm and Kubernetes send): each exits with status 143 quietly and
 leaves no session open. A handler of the application's own, installed before
 the first session, stays in place and runs; one installed after it that chains
@@ -137,8 +137,10 @@ print("child exit", child.exitcode, flush=True)
 
 
 @pytest.mark.parametrize("client", sorted(STEPS_UNTIL_INTERRUPTED))
-def test_a_process_stopped_by_sigterm_mid_episode_closes_its_sessions(serve, children, client):
-    server = serve(COUNTER, workers=2)
+def test_a_process_stopped_by_sigterm_mid_episode_closes_its_sessions(
+    module_serve, children, client
+):
+    server = module_serve(COUNTER, workers=2)
     child = children(STEPS_UNTIL_INTERRUPTED[client], server.url)
     held = child.wait_ready()
     assert live_sessions(server, 2) == held
@@ -150,8 +152,10 @@ def test_a_process_stopped_by_sigterm_mid_episode_closes_its_sessions(serve, chi
     assert settled_sessions(server, 2, 0) == 0
 
 
-def test_a_sigterm_a_finalizer_swallowed_still_ends_the_loop_at_its_next_step(serve, children):
-    server = serve(COUNTER, workers=2)
+def test_a_sigterm_a_finalizer_swallowed_still_ends_the_loop_at_its_next_step(
+    module_serve, children
+):
+    server = module_serve(COUNTER, workers=2)
     child = children(SWALLOWED_IN_A_FINALIZER, server.url)
     child.wait_ready()
     code, stderr = child.finish()
@@ -160,8 +164,8 @@ def test_a_sigterm_a_finalizer_swallowed_still_ends_the_loop_at_its_next_step(se
     assert settled_sessions(server, 2, 0) == 0
 
 
-def test_the_applications_own_handler_stays_and_runs(serve, children):
-    server = serve(COUNTER, workers=2)
+def test_the_applications_own_handler_stays_and_runs(module_serve, children):
+    server = module_serve(COUNTER, workers=2)
     child = children(OWN_HANDLER_FIRST, server.url)
     child.wait_ready()
     time.sleep(0.3)
@@ -173,8 +177,8 @@ def test_the_applications_own_handler_stays_and_runs(serve, children):
     assert settled_sessions(server, 2, 0) == 0  # sys.exit closed them, as any exit does
 
 
-def test_a_handler_installed_later_that_chains_reaches_the_clients(serve, children):
-    server = serve(COUNTER, workers=2)
+def test_a_handler_installed_later_that_chains_reaches_the_clients(module_serve, children):
+    server = module_serve(COUNTER, workers=2)
     child = children(CHAINING_HANDLER_AFTER, server.url)
     child.wait_ready()
     time.sleep(0.3)
@@ -185,8 +189,8 @@ def test_a_handler_installed_later_that_chains_reaches_the_clients(serve, childr
     assert settled_sessions(server, 2, 0) == 0
 
 
-def test_with_every_env_closed_sigterm_kills_as_before(serve, children):
-    server = serve(COUNTER, workers=2)
+def test_with_every_env_closed_sigterm_kills_as_before(module_serve, children):
+    server = module_serve(COUNTER, workers=2)
     child = children(CLOSED_BEFORE, server.url)
     assert child.wait_ready() == 0
     child.process.send_signal(signal.SIGTERM)
@@ -194,8 +198,8 @@ def test_with_every_env_closed_sigterm_kills_as_before(serve, children):
     assert code == -signal.SIGTERM
 
 
-def test_a_forked_child_dies_by_the_signal_and_the_parent_keeps_its_session(serve, children):
-    server = serve(COUNTER, workers=2)
+def test_a_forked_child_dies_by_the_signal_and_the_parent_keeps_its_session(module_serve, children):
+    server = module_serve(COUNTER, workers=2)
     child = children(FORKED_CHILD, server.url)
     child.wait_ready()
     assert live_sessions(server, 2) == 1
@@ -205,9 +209,9 @@ def test_a_forked_child_dies_by_the_signal_and_the_parent_keeps_its_session(serv
     assert settled_sessions(server, 2, 0) == 0
 
 
-def test_the_handler_is_there_only_while_a_session_is_open_in_the_main_thread(serve):
+def test_the_handler_is_there_only_while_a_session_is_open_in_the_main_thread(module_serve):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    server = serve(COUNTER, workers=2)
+    server = module_serve(COUNTER, workers=2)
     env = RemoteEnv(server.url)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # no session yet
     env.reset()

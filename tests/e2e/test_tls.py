@@ -1,7 +1,7 @@
 """``https://`` URLs with the usual TLS options, through every client, against a real TLS endpoint.
 
 A TLS-terminating proxy on loopback (`tests.tls.TLSProxy`, certificates made
-for the test by a throwaway CA) in front of a real 2-worker server: the
+for the test by a throwaway CA) in front of a real 2-worker server (one for the module): the
 blocking env (``gymnasium.make``), the vector env (``make_vec``), the async
 env, SB3's vec env and TRL's environment class run episodes over it with
 ``verify=<CA file>``; the default
@@ -105,8 +105,8 @@ EPISODES = {
 
 
 @pytest.mark.parametrize("client", sorted(EPISODES))
-def test_every_client_runs_over_https_with_a_ca_file(serve, tls_proxy, certificates, client):
-    server = serve(COUNTER, workers=2)
+def test_every_client_runs_over_https_with_a_ca_file(module_serve, tls_proxy, certificates, client):
+    server = module_serve(COUNTER, workers=2)
     proxy = tls_proxy(server.url)
     assert EPISODES[client](proxy.url, verify=certificates.ca) == 1.0
     assert proxy.connections >= 1
@@ -115,9 +115,9 @@ def test_every_client_runs_over_https_with_a_ca_file(serve, tls_proxy, certifica
 
 @pytest.mark.parametrize("client", sorted(EPISODES))
 def test_the_default_refuses_an_untrusted_certificate_and_verify_false_accepts_it(
-    serve, tls_proxy, client
+    module_serve, tls_proxy, client
 ):
-    server = serve(COUNTER, workers=2)
+    server = module_serve(COUNTER, workers=2)
     proxy = tls_proxy(server.url)
     with pytest.raises(ServerUnreachableError, match="CERTIFICATE_VERIFY_FAILED") as refused:
         EPISODES[client](proxy.url)
@@ -126,21 +126,22 @@ def test_the_default_refuses_an_untrusted_certificate_and_verify_false_accepts_i
     assert live_sessions(server, 2) == 0
 
 
-def test_an_ssl_context_of_your_own_goes_as_verify(serve, tls_proxy, certificates):
-    server = serve(COUNTER, workers=2)
+def test_an_ssl_context_of_your_own_goes_as_verify(module_serve, tls_proxy, certificates):
+    server = module_serve(COUNTER, workers=2)
     proxy = tls_proxy(server.url)
     context = ssl.create_default_context(cafile=certificates.ca)
     assert _sync_episode(proxy.url, verify=context) == 1.0
     assert _vector_episode(proxy.url, verify=context) == 1.0
     with pytest.raises(ValueError, match="cert="):
         RemoteEnv(proxy.url, verify=context, cert=certificates.client_combined)
+    assert live_sessions(server, 2) == 0
 
 
 @pytest.mark.parametrize("client", sorted(EPISODES))
 def test_a_client_certificate_is_sent_where_the_endpoint_asks_for_one(
-    serve, tls_proxy, certificates, client
+    module_serve, tls_proxy, certificates, client
 ):
-    server = serve(COUNTER, workers=2)
+    server = module_serve(COUNTER, workers=2)
     proxy = tls_proxy(server.url, client_certificates=True)
     # A handshake refused after it ended (TLS 1.3): the first reply never comes.
     with pytest.raises((ConnectionLostError, ServerUnreachableError), match=proxy.url):
@@ -154,9 +155,9 @@ def test_a_client_certificate_is_sent_where_the_endpoint_asks_for_one(
 
 
 def test_an_env_collected_without_close_closes_its_session_over_https(
-    serve, tls_proxy, certificates
+    module_serve, tls_proxy, certificates
 ):
-    server = serve(COUNTER, workers=2)
+    server = module_serve(COUNTER, workers=2)
     proxy = tls_proxy(server.url, client_certificates=True)
     tls = {"verify": certificates.ca, "cert": certificates.client_combined}
     env = RemoteEnv(proxy.url, **tls)
@@ -169,9 +170,9 @@ def test_an_env_collected_without_close_closes_its_session_over_https(
     assert live_sessions(server, 2) == 0
 
 
-def test_sb3_vec_env_takes_the_tls_options(serve, tls_proxy, certificates):
+def test_sb3_vec_env_takes_the_tls_options(module_serve, tls_proxy, certificates):
     sb3 = pytest.importorskip("gym_sessions.integrations.sb3")
-    server = serve(COUNTER, workers=2)
+    server = module_serve(COUNTER, workers=2)
     proxy = tls_proxy(server.url)
     venv = sb3.RemoteVecEnv(proxy.url, num_envs=2, verify=certificates.ca)
     try:

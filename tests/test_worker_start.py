@@ -1,0 +1,126 @@
+"""How workers start (`gym_sessions.transport.worker_start`), with real forks.
+
+A forked worker must look like a spawned one where it matters: Python's
+default signal handlers, a NumPy global generator of its own; and the
+target's check runs in a child, so this process never imports the target
+and gets the child's refusal as its own `StartupError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from gym_sessions.errors import StartupError
+from gym_sessions.transport.worker_start import check_in_child, start_like_a_fresh_interpreter
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+
+
+def in_fork(body: Callable[[], object]) -> object:
+    """``body()``'s JSON-able result, computed in a forked child."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            with os.fdopen(write_end, "w") as pipe:
+                json.dump(body(), pipe)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        result = json.load(pipe)
+    os.waitpid(pid, 0)
+    return result
+
+
+@pytest.fixture
+def supervisor_handlers() -> Iterator[None]:
+    """Handlers as uvicorn's supervisor installs them (queueing the signal), restored after."""
+    signals = [signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGINT, signal.SIGUSR1]
+    before = {signum: signal.getsignal(signum) for signum in signals}
+    for signum in signals:
+        signal.signal(signum, lambda signum, frame: None)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def test_a_forked_worker_gets_pythons_default_handlers_back(supervisor_handlers):
+    def handlers() -> dict[str, str]:
+        start_like_a_fresh_interpreter()
+        shown = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored"}
+        return {
+            signal.Signals(signum).name: shown.get(handler, getattr(handler, "__name__", "?"))
+            for signum in (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR1)
+            for handler in [signal.getsignal(signum)]
+        } | {
+            "SIGINT": signal.getsignal(signal.SIGINT).__name__,
+            "SIGQUIT": shown[signal.getsignal(signal.SIGQUIT)],
+        }
+
+    assert in_fork(handlers) == {
+        "SIGHUP": "default",
+        "SIGTTIN": "default",
+        "SIGTTOU": "default",
+        "SIGUSR1": "default",
+        "SIGINT": "default_int_handler",  # KeyboardInterrupt, as in a fresh interpreter
+        "SIGQUIT": "ignored",  # an ignored signal stays ignored, as across exec
+    }
+
+
+def test_forked_workers_draw_their_own_numpy_global_numbers():
+    np.random.seed(7)
+
+    def draws() -> list[float]:
+        start_like_a_fresh_interpreter()
+        return np.random.random(4).tolist()
+
+    first, second = in_fork(draws), in_fork(draws)
+    inherited = np.random.random(4).tolist()  # what a child without the reseed would draw
+    assert first != second
+    assert inherited not in (first, second)
+
+
+def _import_and_check(module: str) -> None:
+    __import__(module)
+
+
+def _refuse(message: str) -> None:
+    raise StartupError(message)
+
+
+def _bad_value(message: str) -> None:
+    raise ValueError(message)
+
+
+def _crash(message: str) -> None:
+    raise RuntimeError(message)
+
+
+def test_the_check_imports_in_the_child_only():
+    module = "tabnanny"  # in the standard library, imported by nothing here
+    assert module not in sys.modules
+    check_in_child(_import_and_check, module)
+    assert module not in sys.modules
+
+
+@pytest.mark.parametrize("check", [_refuse, _bad_value])
+def test_a_refusal_in_the_child_is_raised_here_with_its_message(check):
+    with pytest.raises(StartupError) as raised:
+        check_in_child(check, "target 'nowhere:Env' cannot be imported: no module 'nowhere'")
+    assert str(raised.value) == "target 'nowhere:Env' cannot be imported: no module 'nowhere'"
+
+
+def test_a_crash_in_the_child_is_a_startup_error_pointing_at_its_traceback(capfd):
+    with pytest.raises(StartupError, match=r"exit status 1; see above"):
+        check_in_child(_crash, "the env's module failed")
+    assert "RuntimeError: the env's module failed" in capfd.readouterr().err
