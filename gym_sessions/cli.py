@@ -56,7 +56,7 @@ Several hosts behind one load balancer: run the same command on each host with
 $GYM_SESSIONS_SECRET), and --private-host set to an address the other hosts
 can reach; requests between hosts are signed.
 
-An agent server (envs.counter:CounterAgent, say) calls only the env and model
+An agent server (envs.counter_agent:CounterAgent, say) calls only the env and model
 servers it is started with: --allow-env URL (or NAME=URL) for each env server
 its /run bodies may name, --allow-model likewise for model servers. A body
 names one by NAME or by its exact URL; anything else gets 400

@@ -34,7 +34,7 @@ from gym_sessions.server.process import ServerProcess, start_server
 __all__ = ["run_demo"]
 
 TARGET = "gym_sessions.examples.counter:CounterEnv"
-AGENT_TARGET = "gym_sessions.examples.counter:CounterAgent"
+AGENT_TARGET = "gym_sessions.examples.counter_agent:CounterAgent"
 REQUEST_TIMEOUT_SECONDS = 60.0
 HEALTH_PROBES = 50
 

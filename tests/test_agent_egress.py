@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from envs.counter import CounterAgent, CounterEnv
+from envs.counter import CounterEnv
+from envs.counter_agent import CounterAgent
 from gym_sessions.errors import BadUpstreamError, ForbiddenTargetError
 from gym_sessions.server.app import WorkerApp
 from gym_sessions.settings import Settings

@@ -26,11 +26,12 @@ def _loaded(imports: str, modules: tuple[str, ...]) -> list[str]:
     return [m for m in result.stdout.strip().split(",") if m]
 
 
-def test_a_gymnasium_env_servers_worker_loads_neither_the_client_nor_aiohttp():
+@pytest.mark.parametrize("target", ["CartPole-v1", "envs.counter:CounterEnv"])
+def test_an_env_servers_worker_loads_neither_the_client_nor_aiohttp(target):
     imports = (
         "import gym_sessions.server.worker\n"
         "from gym_sessions.server.targets import load_target\n"
-        "load_target('CartPole-v1')"
+        f"load_target({target!r})"
     )
     assert _loaded(imports, ("aiohttp", "gym_sessions.client", "gym_sessions.server.agent")) == []
 

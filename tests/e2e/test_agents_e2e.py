@@ -14,7 +14,7 @@ from tests.services import claim_owner
 pytestmark = pytest.mark.e2e
 
 ENV = "envs.counter:CounterEnv"
-AGENT = "envs.counter:CounterAgent"
+AGENT = "envs.counter_agent:CounterAgent"
 
 
 def run_body(env_url: str, episode, model_url: str | None = None) -> dict:

@@ -43,7 +43,7 @@ OTHER_KEY = SessionCredentials("some-other-secret-" + "o" * 24, "gym_session")
 TOKEN = "X-Gym-Session-Token"
 ENV, AGENT, REPL = (
     "envs.counter:CounterEnv",
-    "envs.counter:CounterAgent",
+    "envs.counter_agent:CounterAgent",
     "envs.python_repl:PythonReplServer",
 )
 

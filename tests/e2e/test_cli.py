@@ -181,14 +181,14 @@ def test_env_kwargs_for_a_server_target_are_one_error_line(short_tmp: str):
         Path(short_tmp),
         *(
             "serve",
-            "gym_sessions.examples.counter:CounterAgent",
+            "gym_sessions.examples.counter_agent:CounterAgent",
             "--port",
             "0",
             "--env-kwargs",
             '{"a": 1}',
         ),
     )
-    assert_one_error_line(result, "gym_sessions.examples.counter:CounterAgent", "env kwargs")
+    assert_one_error_line(result, "gym_sessions.examples.counter_agent:CounterAgent", "env kwargs")
 
 
 @pytest.mark.parametrize(
@@ -218,9 +218,9 @@ def test_bad_several_hosts_limits_are_one_error_line(
 @pytest.mark.parametrize(
     ("target", "args", "mention"),
     [
-        ("envs.counter:CounterAgent", ("--allow-env", "127.0.0.1:8000"), "--allow-env"),
-        ("envs.counter:CounterAgent", ("--allow-env", "http://h:1/?x=/admin"), "query"),
-        ("envs.counter:CounterAgent", ("--allow-model", "http://user:pw@h:1"), "credentials"),
+        ("envs.counter_agent:CounterAgent", ("--allow-env", "127.0.0.1:8000"), "--allow-env"),
+        ("envs.counter_agent:CounterAgent", ("--allow-env", "http://h:1/?x=/admin"), "query"),
+        ("envs.counter_agent:CounterAgent", ("--allow-model", "http://user:pw@h:1"), "credentials"),
         # Imported from any directory: the examples as installed.
         (
             "gym_sessions.examples.counter:CounterEnv",

@@ -282,7 +282,7 @@ def test_agent_pool_carrying_many_sessions_per_connection_scores_every_episode()
     """
     with (
         start_server("tests.stress.targets:FaultyCounterServer", "--window", "5", workers=4) as env,
-        start_server("envs.counter:CounterAgent", "--allow-env", env.url, workers=4) as agent,
+        start_server("envs.counter_agent:CounterAgent", "--allow-env", env.url, workers=4) as agent,
     ):
         row = asyncio.run(scenarios.run_episodes(agent.url, env.url, 400, limit=64))
         healths = asyncio.run(scenarios.worker_healths(env, 4))

@@ -28,7 +28,7 @@ from gym_sessions.server.process import ServerProcess, start_server
 pytestmark = pytest.mark.e2e
 
 COUNTER = "envs.counter:CounterEnv"
-AGENT = "envs.counter:CounterAgent"
+AGENT = "envs.counter_agent:CounterAgent"
 COOKIE = "gym_session"
 TOKEN = "X-Gym-Session-Token"
 #: Copies of a repeated request, each on a new connection (so at 4 workers

@@ -1,6 +1,6 @@
 """Issue 13 on an agent server: an agent session belongs to whoever seeded it (4 workers).
 
-``gym-sessions serve envs.counter:CounterAgent --workers 4``: an agent session is
+``gym-sessions serve envs.counter_agent:CounterAgent --workers 4``: an agent session is
 seeded with ``POST /v1/agent_sessions {agent_session_id, session_key?}`` (reply
 with the session cookie) and closed with ``POST /v1/agent_sessions/close``
 (the close receipt). A seed or close naming another client's
@@ -32,7 +32,7 @@ from tests.replies import Reply, post
 
 pytestmark = pytest.mark.e2e
 
-AGENT = "envs.counter:CounterAgent"
+AGENT = "envs.counter_agent:CounterAgent"
 SEED = "/v1/agent_sessions"
 CLOSE = "/v1/agent_sessions/close"
 ATTACKS = 8

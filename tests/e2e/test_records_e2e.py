@@ -50,7 +50,7 @@ def test_run_episodes_records_round_trip_and_make_a_dataframe(serve, tmp_path):
 
 def test_agent_run_results_round_trip_and_make_a_dataframe(serve, tmp_path):
     env = serve("envs.counter:CounterEnv", workers=2)
-    agent = serve("envs.counter:CounterAgent", "--allow-env", env.url, workers=2)
+    agent = serve("envs.counter_agent:CounterAgent", "--allow-env", env.url, workers=2)
 
     async def run_all() -> list[dict]:
         async with client_session() as client:

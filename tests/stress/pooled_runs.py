@@ -75,7 +75,7 @@ if __name__ == "__main__":
     with (
         start_server(env_target, *window, workers=4, env={FAULT_DIR_ENV: faults}) as env,
         start_server(
-            "envs.counter:CounterAgent", *window, "--allow-env", env.url, workers=4
+            "envs.counter_agent:CounterAgent", *window, "--allow-env", env.url, workers=4
         ) as agent,
     ):
         asyncio.run(main(env, agent, runs, episodes))

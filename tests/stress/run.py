@@ -9,7 +9,7 @@
 Prints the table and writes benchmarks/results/stress[_small].json (with
 ``--hog``: ``stress_small_hog.json``, every repetition's rows). The env
 server is the counter with injected faults (tests/stress/targets.py) at 4 (or
-8) workers, the agent is envs.counter:CounterAgent at 4 workers, and
+8) workers, the agent is envs.counter_agent:CounterAgent at 4 workers, and
 session_close_retry_window_seconds is 5 s. Real processes on loopback. With
 ``--hosts 2`` the checks that go through a load balancer run against two env
 hosts (2 workers each) sharing claims in a real redis-server behind nginx, and
@@ -44,7 +44,7 @@ from tests.stress.targets import FAULT_DIR_ENV
 RESULTS_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results")
 ENV_TARGET = "tests.stress.targets:FaultyCounterServer"
 TALLY_TARGET = "tests.stress.targets:TallyServer"
-AGENT_TARGET = "envs.counter:CounterAgent"
+AGENT_TARGET = "envs.counter_agent:CounterAgent"
 
 
 #: The faults the two-host run injects while episodes run (`scenarios`).

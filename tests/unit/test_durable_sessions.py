@@ -24,7 +24,8 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from envs.counter import CounterAgent, CounterEnv
+from envs.counter import CounterEnv
+from envs.counter_agent import CounterAgent
 from gym_sessions.cli import _report_durability
 from gym_sessions.routing.claim_store import FileClaimStore, LocalClaimStore
 from gym_sessions.routing.incarnations import Incarnation
