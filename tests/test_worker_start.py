@@ -12,13 +12,19 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
 
 from gym_sessions.errors import StartupError
-from gym_sessions.transport.worker_start import check_in_child, start_like_a_fresh_interpreter
+from gym_sessions.transport.worker_start import (
+    check_in_child,
+    fork_with_signals_held,
+    start_context,
+    start_like_a_fresh_interpreter,
+)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
 
@@ -75,6 +81,27 @@ def test_a_forked_worker_gets_pythons_default_handlers_back(supervisor_handlers)
         "SIGINT": "default_int_handler",  # KeyboardInterrupt, as in a fresh interpreter
         "SIGQUIT": "ignored",  # an ignored signal stays ignored, as across exec
     }
+
+
+def _worker_slow_to_restore_defaults() -> None:
+    time.sleep(0.5)  # a SIGTERM is sent in this window, while the supervisor's handler is here
+    start_like_a_fresh_interpreter()
+    time.sleep(10)
+
+
+def test_a_sigterm_sent_before_the_defaults_are_back_still_ends_the_worker(supervisor_handlers):
+    queued: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: queued.append(signum))
+    try:
+        worker = start_context().Process(target=_worker_slow_to_restore_defaults)
+        fork_with_signals_held(worker.start)
+        os.kill(worker.pid, signal.SIGTERM)  # at once, as a shutdown right after a replacement
+        worker.join(30)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert worker.exitcode == -signal.SIGTERM  # held until the default was back, then delivered
+    assert queued == []  # and this process's own handler saw nothing
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # unblocked here again
 
 
 def test_forked_workers_draw_their_own_numpy_global_numbers():

@@ -5,9 +5,12 @@ server's ``PYTHONPATH`` with ``GYM_BENCH_PROBE_DIR`` set (``_common.start_revisi
 Python imports ``sitecustomize`` at start-up in every process, workers spawned
 by multiprocessing included; a daemon thread then waits for ``gym_sessions``
 to be imported and writes ``<GYM_BENCH_PROBE_DIR>/<pid>.json`` with its
-``__file__``, then ends. Without the variable it does nothing.
+``__file__``, then ends. A forked process (workers on Linux) runs no
+start-up and inherits no thread: an at-fork hook starts its own. Without the
+variable it does nothing.
 """
 
+import functools
 import json
 import os
 import sys
@@ -32,5 +35,10 @@ def _report(directory: str) -> None:
         time.sleep(0.05)
 
 
+def _start(directory: str) -> None:
+    threading.Thread(target=_report, args=(directory,), daemon=True, name="probe").start()
+
+
 if _DIRECTORY:
-    threading.Thread(target=_report, args=(_DIRECTORY,), daemon=True, name="probe").start()
+    _start(_DIRECTORY)
+    os.register_at_fork(after_in_child=functools.partial(_start, _DIRECTORY))

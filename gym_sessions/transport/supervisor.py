@@ -58,6 +58,7 @@ from gym_sessions.transport.http_protocol import TESTED_UVICORN, BoundedHttpProt
 from gym_sessions.transport.parent_death import die_with_parent, on_parent_death
 from gym_sessions.transport.worker_start import (
     WORKERS_FORK,
+    fork_with_signals_held,
     start_context,
     start_like_a_fresh_interpreter,
 )
@@ -236,6 +237,12 @@ class _WorkerProcess(Process):
             self.process = start_context().Process(
                 target=spawned._target, args=spawned._args, kwargs=spawned._kwargs
             )
+
+    def start(self) -> None:
+        if WORKERS_FORK:
+            fork_with_signals_held(super().start)
+        else:
+            super().start()
 
     def target(self, sockets: list[Any] | None = None) -> None:
         if WORKERS_FORK:

@@ -18,7 +18,12 @@ What a fork would otherwise carry over, and a spawned worker never had:
   for the supervisor itself: upgrading those needs a restart.
 - **Signal handlers** (and the wake-up fd): the supervisor's queue signals
   for its own loop; `start_like_a_fresh_interpreter` puts Python's defaults
-  back in the worker.
+  back in the worker. Until then a SIGTERM would only be queued in the
+  worker's copy of that loop (the supervisor terminating a worker it has
+  just forked, at shutdown, lost it, and waited for that worker forever), so
+  `fork_with_signals_held` forks with every signal blocked and the worker
+  unblocks them once the defaults are back: a signal sent in between is
+  delivered then, as a spawned worker would have got it.
 - **NumPy's global random state**, which would be the same in every worker
   (Python's ``random`` reseeds itself after a fork): reseeded from the OS.
   Gymnasium envs seed their own generators, but an env that draws from
@@ -40,13 +45,21 @@ from typing import Any
 
 from gym_sessions.errors import StartupError
 
-__all__ = ["WORKERS_FORK", "check_in_child", "start_context", "start_like_a_fresh_interpreter"]
+__all__ = [
+    "WORKERS_FORK",
+    "check_in_child",
+    "fork_with_signals_held",
+    "start_context",
+    "start_like_a_fresh_interpreter",
+]
 
 #: Whether workers are forked from the supervisor (Linux) rather than spawned.
 WORKERS_FORK = sys.platform.startswith("linux")
 
 # The exit status of a `check_in_child` child whose check raised StartupError.
 _REFUSED = 3
+# The signal mask before `fork_with_signals_held` blocked every signal (the child's to restore).
+_mask_before_fork: set[int | signal.Signals] | None = None
 
 
 def start_context() -> Any:
@@ -54,8 +67,26 @@ def start_context() -> Any:
     return multiprocessing.get_context("fork" if WORKERS_FORK else "spawn")
 
 
+def fork_with_signals_held(start: Callable[[], None]) -> None:
+    """Run ``start`` (which forks a worker) with every signal blocked in this thread.
+
+    Signals that come meanwhile wait, and are delivered once ``start`` returns.
+    """
+    global _mask_before_fork
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    _mask_before_fork = before
+    try:
+        start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def start_like_a_fresh_interpreter() -> None:
-    """In a forked worker: undo what it inherited from the supervisor that a spawned one lacks."""
+    """In a forked worker: undo what it inherited from the supervisor that a spawned one lacks.
+
+    Last, the signals `fork_with_signals_held` blocked are unblocked: one that
+    was sent to the worker meanwhile now has its default action.
+    """
     signal.set_wakeup_fd(-1)  # the supervisor's; asyncio sets the worker's own
     for signum in signal.valid_signals():
         try:
@@ -68,6 +99,8 @@ def start_like_a_fresh_interpreter() -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()  # from the OS, as a spawned worker's first use would be
+    if _mask_before_fork is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _mask_before_fork)
 
 
 def check_in_child(check: Callable[..., None], *args: Any) -> None:
