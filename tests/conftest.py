@@ -8,7 +8,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -135,6 +135,26 @@ def short_tmp() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def stop_servers(servers: Iterable[ServerProcess]) -> None:
+    """Stop each server; fail if one still running did not exit on SIGTERM (stop() killed it).
+
+    A graceful stop that hangs is a bug of the server's shutdown (a worker that
+    lost its SIGTERM, say), which the SIGKILL after 15 s would otherwise hide.
+    """
+    hung = []
+    for server in servers:
+        running = server.process.poll() is None
+        pid = server.process.pid
+        if server.stop() == -signal.SIGKILL and running:
+            try:
+                log = server.log()[-3000:]
+            except OSError:  # its own temporary directory, removed by stop()
+                log = "(log removed)"
+            hung.append(f"supervisor {pid}:\n{log}")
+    if hung:
+        pytest.fail("SIGTERM did not stop the server within 15 s:\n" + "\n".join(hung))
+
+
 @pytest.fixture
 def serve(short_tmp) -> Iterator[Callable[..., ServerProcess]]:
     """Start servers with ``serve(target, *args, workers=N)``; all are stopped at teardown."""
@@ -147,8 +167,7 @@ def serve(short_tmp) -> Iterator[Callable[..., ServerProcess]]:
         return server
 
     yield _serve
-    for server in started:
-        server.stop()
+    stop_servers(started)
 
 
 class _ServerPool:
@@ -166,8 +185,7 @@ class _ServerPool:
         return server
 
     def stop(self) -> None:
-        for server in self._started.values():
-            server.stop()
+        stop_servers(self._started.values())
 
 
 @pytest.fixture(scope="session")
