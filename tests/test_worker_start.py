@@ -29,20 +29,20 @@ from gym_sessions.transport.worker_start import (
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
 
 
+def _run_and_send(body: Callable[[], object], write_end: int) -> None:
+    with os.fdopen(write_end, "w") as pipe:
+        json.dump(body(), pipe)
+
+
 def in_fork(body: Callable[[], object]) -> object:
-    """``body()``'s JSON-able result, computed in a forked child."""
+    """``body()``'s JSON-able result, computed in a worker forked as the supervisor forks one."""
     read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            with os.fdopen(write_end, "w") as pipe:
-                json.dump(body(), pipe)
-        finally:
-            os._exit(0)
+    child = start_context().Process(target=_run_and_send, args=(body, write_end))
+    fork_with_signals_held(child.start)
     os.close(write_end)
     with os.fdopen(read_end) as pipe:
         result = json.load(pipe)
-    os.waitpid(pid, 0)
+    child.join(30)
     return result
 
 
@@ -102,6 +102,19 @@ def test_a_sigterm_sent_before_the_defaults_are_back_still_ends_the_worker(super
     assert worker.exitcode == -signal.SIGTERM  # held until the default was back, then delivered
     assert queued == []  # and this process's own handler saw nothing
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # unblocked here again
+
+
+def test_a_handler_the_worker_installed_after_the_fork_stays(supervisor_handlers):
+    def handler_after_reset() -> str:
+        signal.signal(signal.SIGHUP, _own_handler)  # as an at-fork hook of a library would
+        start_like_a_fresh_interpreter()
+        return getattr(signal.getsignal(signal.SIGHUP), "__name__", "?")
+
+    assert in_fork(handler_after_reset) == "_own_handler"
+
+
+def _own_handler(signum: int, frame: object) -> None:
+    pass
 
 
 def test_forked_workers_draw_their_own_numpy_global_numbers():

@@ -35,6 +35,7 @@ fork keeps the supervisor's non-dumpable flag (only ``execve`` resets it).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -60,6 +61,8 @@ WORKERS_FORK = sys.platform.startswith("linux")
 _REFUSED = 3
 # The signal mask before `fork_with_signals_held` blocked every signal (the child's to restore).
 _mask_before_fork: set[int | signal.Signals] | None = None
+# The supervisor's Python-level signal handlers when it forked (the child's to undo).
+_handlers_at_fork: dict[int, Any] = {}
 
 
 def start_context() -> Any:
@@ -73,6 +76,12 @@ def fork_with_signals_held(start: Callable[[], None]) -> None:
     Signals that come meanwhile wait, and are delivered once ``start`` returns.
     """
     global _mask_before_fork
+    _handlers_at_fork.clear()
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            handler = signal.getsignal(signum)
+            if callable(handler) and handler is not signal.default_int_handler:
+                _handlers_at_fork[signum] = handler
     before = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     _mask_before_fork = before
     try:
@@ -84,16 +93,14 @@ def fork_with_signals_held(start: Callable[[], None]) -> None:
 def start_like_a_fresh_interpreter() -> None:
     """In a forked worker: undo what it inherited from the supervisor that a spawned one lacks.
 
-    Last, the signals `fork_with_signals_held` blocked are unblocked: one that
-    was sent to the worker meanwhile now has its default action.
+    Only the supervisor's handlers go: one that code in the worker installed
+    since the fork (an at-fork hook) stays. Last, the signals
+    `fork_with_signals_held` blocked are unblocked: one that was sent to the
+    worker meanwhile now has its default action.
     """
     signal.set_wakeup_fd(-1)  # the supervisor's; asyncio sets the worker's own
-    for signum in signal.valid_signals():
-        try:
-            handler = signal.getsignal(signum)
-        except (OSError, ValueError):
-            continue
-        if callable(handler) and handler is not signal.default_int_handler:
+    for signum, inherited in _handlers_at_fork.items():
+        if signal.getsignal(signum) is inherited:
             fresh = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
             signal.signal(signum, fresh)
     numpy = sys.modules.get("numpy")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -606,20 +607,20 @@ async def test_a_snapshot_write_cut_short_leaves_the_one_before(short_tmp):
 
 
 @pytest.fixture
-def exiting_pid():
-    """The pid of a process that exits by itself a second from now (and is reaped then)."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
-    yield process.pid
+def worker_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A process standing for a worker's: runs until the test ends it (killed at teardown)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
     process.kill()
     process.wait()
 
 
 async def test_a_worker_that_stopped_listening_is_restored_from_once_it_exits(
-    start_clusters, exiting_pid
+    start_clusters, worker_process
 ):
     # A drained or reloaded worker stops listening moments before it exits:
     # its sessions' requests wait for the exit instead of getting 410.
-    ids = [f"{exiting_pid}-{os.urandom(4).hex()}", dead_worker_id(), dead_worker_id()]
+    ids = [f"{worker_process.pid}-{os.urandom(4).hex()}", dead_worker_id(), dead_worker_id()]
     c = await start_clusters(
         counter_server,
         3,
@@ -630,6 +631,14 @@ async def test_a_worker_that_stopped_listening_is_restored_from_once_it_exits(
     sid = new_id()
     cookie = await start_counter(c, 0, sid)
     await c[0].kill()
+
+    def exit_now() -> None:
+        worker_process.kill()
+        worker_process.wait()  # reaped: gone, not a zombie
+
+    # Half a second after the request, whatever the machine's load (a process
+    # that exited a second after its start had exited before a slow setup ended).
+    asyncio.get_running_loop().call_later(0.5, exit_now)
     started = time.monotonic()
     step = await c[1].request("POST", "/step", {"action": 3}, cookie=cookie)
     assert step.status == 200 and step.json["observation"] == 8
