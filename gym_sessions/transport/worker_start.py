@@ -87,22 +87,35 @@ def fork_with_signals_held(start: Callable[[], None]) -> None:
     try:
         start()
     finally:
+        _handlers_at_fork.clear()  # the child has its copy (see `_undo_inherited_handlers`)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _undo_inherited_handlers() -> None:
+    # An at-fork hook, so it runs in the child before any other code there
+    # (multiprocessing's bootstrap, and what it runs, may install a handler that
+    # chains to the one it found: it must find the default, not the supervisor's).
+    for signum, inherited in _handlers_at_fork.items():
+        if signal.getsignal(signum) is inherited:
+            fresh = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, fresh)
+    _handlers_at_fork.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_undo_inherited_handlers)
 
 
 def start_like_a_fresh_interpreter() -> None:
     """In a forked worker: undo what it inherited from the supervisor that a spawned one lacks.
 
-    Only the supervisor's handlers go: one that code in the worker installed
-    since the fork (an at-fork hook) stays. Last, the signals
+    The supervisor's signal handlers are gone already (an at-fork hook put
+    Python's defaults back the moment the worker was forked; a handler
+    installed in the worker since stays). Last, the signals
     `fork_with_signals_held` blocked are unblocked: one that was sent to the
-    worker meanwhile now has its default action.
+    worker meanwhile now has its default action (or the worker's own handler).
     """
     signal.set_wakeup_fd(-1)  # the supervisor's; asyncio sets the worker's own
-    for signum, inherited in _handlers_at_fork.items():
-        if signal.getsignal(signum) is inherited:
-            fresh = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-            signal.signal(signum, fresh)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()  # from the OS, as a spawned worker's first use would be
