@@ -135,7 +135,7 @@ def _blank_in_initial_environment(name: str) -> None:
     """
     try:
         environ = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError):  # pragma: no cover - no such symbol (not glibc/musl)
         return
     prefix = name.encode() + b"="
     index = 0

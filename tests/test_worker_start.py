@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -164,3 +165,41 @@ def test_a_crash_in_the_child_is_a_startup_error_pointing_at_its_traceback(capfd
     with pytest.raises(StartupError, match=r"exit status 1; see above"):
         check_in_child(_crash, "the env's module failed")
     assert "RuntimeError: the env's module failed" in capfd.readouterr().err
+
+
+# Both ways a worker gets its config, in a fresh interpreter each.
+CONFIG_IN_A_WORKER = """
+import os, pickle, sys, tempfile
+from gym_sessions.metrics.directory import MetricsDirectory
+from gym_sessions.non_dumpable import is_dumpable
+from gym_sessions.server.worker import WorkerConfig, WorkerSpec
+from gym_sessions.settings import Settings
+
+runtime_dir = tempfile.mkdtemp()
+directory = MetricsDirectory.of(runtime_dir)
+directory.create()
+directory.export()
+import prometheus_client.values as values
+assert not values.ValueClass._multiprocess  # imported before export, as in a supervisor
+config = WorkerConfig(WorkerSpec("CartPole-v1", Settings(runtime_dir=runtime_dir)))
+if sys.argv[1] == "spawned":
+    config = pickle.loads(pickle.dumps(config))  # what a spawned worker reads from its pipe
+    assert is_dumpable() is False, "a spawned worker is non-dumpable as it reads its config"
+config.started_in_worker()
+picked = values.ValueClass
+assert picked._multiprocess, "the worker records into the server's files"
+directory.record_here()
+assert values.ValueClass is picked, "a mode already right is left as it is"
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("how", ["spawned", "forked"])
+def test_a_workers_config_sets_it_up_either_way(how):
+    done = subprocess.run(
+        [sys.executable, "-c", CONFIG_IN_A_WORKER, how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "ok", done.stderr
