@@ -17,13 +17,15 @@ What a fork would otherwise carry over, and a spawned worker never had:
   own modules and the libraries above are the supervisor's, as they are
   for the supervisor itself: upgrading those needs a restart.
 - **Signal handlers** (and the wake-up fd): the supervisor's queue signals
-  for its own loop; `start_like_a_fresh_interpreter` puts Python's defaults
-  back in the worker. Until then a SIGTERM would only be queued in the
-  worker's copy of that loop (the supervisor terminating a worker it has
-  just forked, at shutdown, lost it, and waited for that worker forever), so
-  `fork_with_signals_held` forks with every signal blocked and the worker
-  unblocks them once the defaults are back: a signal sent in between is
-  delivered then, as a spawned worker would have got it.
+  for its own loop. An at-fork hook puts Python's defaults back the moment
+  a worker is forked, before anything else runs there (multiprocessing's
+  bootstrap, and code it runs, may install a handler that chains to the one
+  it finds). A SIGTERM sent before that, to a worker the supervisor has just
+  forked (a shutdown right after a replacement), would be lost in the
+  worker's copy of the queue and the supervisor would wait for that worker
+  forever, so `fork_with_signals_held` forks with every signal blocked and
+  `start_like_a_fresh_interpreter` unblocks them: a signal sent in between
+  is delivered then, as a spawned worker would have got it.
 - **NumPy's global random state**, which would be the same in every worker
   (Python's ``random`` reseeds itself after a fork): reseeded from the OS.
   Gymnasium envs seed their own generators, but an env that draws from
