@@ -22,8 +22,8 @@ import pytest
 from gym_sessions.errors import StartupError
 from gym_sessions.transport.worker_start import (
     check_in_child,
+    fork_context,
     fork_with_signals_held,
-    start_context,
     start_like_a_fresh_interpreter,
 )
 
@@ -38,7 +38,7 @@ def _run_and_send(body: Callable[[], object], write_end: int) -> None:
 def in_fork(body: Callable[[], object]) -> object:
     """``body()``'s JSON-able result, computed in a worker forked as the supervisor forks one."""
     read_end, write_end = os.pipe()
-    child = start_context().Process(target=_run_and_send, args=(body, write_end))
+    child = fork_context().Process(target=_run_and_send, args=(body, write_end))
     fork_with_signals_held(child.start)
     os.close(write_end)
     with os.fdopen(read_end) as pipe:
@@ -94,7 +94,7 @@ def test_a_sigterm_sent_before_the_defaults_are_back_still_ends_the_worker(super
     queued: list[int] = []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: queued.append(signum))
     try:
-        worker = start_context().Process(target=_worker_slow_to_restore_defaults)
+        worker = fork_context().Process(target=_worker_slow_to_restore_defaults)
         fork_with_signals_held(worker.start)
         os.kill(worker.pid, signal.SIGTERM)  # at once, as a shutdown right after a replacement
         worker.join(30)

@@ -6,10 +6,11 @@ runtime directory included). Each worker, replacements of dead workers too,
 is forked from the supervisor with that config in its memory (Linux), or
 spawned and handed it pickled through a pipe (elsewhere,
 `gym_sessions.transport.worker_start`): the secret is never in a worker's
-environment, in its command line or in a file. Each worker makes itself non-dumpable as it
-receives the config, so other processes of its uid cannot read it back from
-the worker's memory. With one worker the supervisor serves the same config
-in-process.
+environment, in its command line or in a file. Every worker is non-dumpable
+before it holds the config (a forked one keeps the supervisor's flag, a
+spawned one sets it as it unpickles the config), so other processes of its
+uid cannot read it back from the worker's memory. With one worker the
+supervisor serves the same config in-process.
 """
 
 from __future__ import annotations
@@ -87,10 +88,10 @@ class WorkerConfig(uvicorn.Config):
 
 
 def _record_into_the_servers_metrics(settings: Settings) -> None:
-    """Before any metric of this worker (the env's own included) exists.
+    """Make this worker record into the server's metrics files, before its first metric exists.
 
-    Into the server's files, whichever way the worker started (`record_here`).
-    And a worker whose pid an exited worker of this server had must not show
+    Whichever way the worker started (`record_here`), the env's own metrics
+    included. And a worker whose pid an exited worker of this server had must not show
     that one's gauges: prometheus_client names its files by pid and would
     reopen the earlier process's live-gauge file (its worker would look
     alive) if no scrape removed it in between.

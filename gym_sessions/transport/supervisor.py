@@ -58,8 +58,8 @@ from gym_sessions.transport.http_protocol import TESTED_UVICORN, BoundedHttpProt
 from gym_sessions.transport.parent_death import die_with_parent, on_parent_death
 from gym_sessions.transport.worker_start import (
     WORKERS_FORK,
+    fork_context,
     fork_with_signals_held,
-    start_context,
     start_like_a_fresh_interpreter,
 )
 
@@ -234,7 +234,7 @@ class _WorkerProcess(Process):
         if WORKERS_FORK:
             # uvicorn's spawned child, forked instead: the same function and arguments.
             spawned: Any = self.process
-            self.process = start_context().Process(
+            self.process = fork_context().Process(
                 target=spawned._target, args=spawned._args, kwargs=spawned._kwargs
             )
 

@@ -51,8 +51,8 @@ from gym_sessions.errors import StartupError
 __all__ = [
     "WORKERS_FORK",
     "check_in_child",
+    "fork_context",
     "fork_with_signals_held",
-    "start_context",
     "start_like_a_fresh_interpreter",
 ]
 
@@ -67,9 +67,9 @@ _mask_before_fork: set[int | signal.Signals] | None = None
 _handlers_at_fork: dict[int, Any] = {}
 
 
-def start_context() -> Any:
-    """The ``multiprocessing`` context that starts workers."""
-    return multiprocessing.get_context("fork" if WORKERS_FORK else "spawn")
+def fork_context() -> Any:
+    """The ``multiprocessing`` context that forks workers (where `WORKERS_FORK`)."""
+    return multiprocessing.get_context("fork")
 
 
 def fork_with_signals_held(start: Callable[[], None]) -> None:
