@@ -66,13 +66,32 @@ def connect_redis_blocking(url: str) -> redis.Redis:
     )
 
 
+# Calls given up at their deadline, kept referenced until they end (see call_redis).
+_abandoned_calls: set[asyncio.Future[object]] = set()
+
+
 async def call_redis(operation: Awaitable[_T], deadline: float) -> _T:
-    """Await a Redis call bounded by ``deadline`` seconds; failures are `ClaimsUnavailableError`."""
+    """Await a Redis call bounded by ``deadline`` seconds; failures are `ClaimsUnavailableError`.
+
+    The call runs as a task of its own and the caller stops waiting at the
+    deadline whatever the task does with its cancellation: redis-py 8.2 can
+    hold a new connection's handshake past a cancel, which made a frozen
+    Redis hang requests for as long as it stayed frozen.
+    """
+    call: asyncio.Future[_T] = asyncio.ensure_future(operation)
     try:
-        async with asyncio.timeout(deadline):
-            return await operation
-    except TimeoutError as exc:
-        # Cancelling a command mid-reply is safe: redis-py drops that connection.
+        done, _ = await asyncio.wait({call}, timeout=deadline)
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+    if not done:
+        call.cancel()
+        _abandoned_calls.add(call)
+        call.add_done_callback(_forget_abandoned_call)
+        raise ClaimsUnavailableError(f"the claim store did not answer within {deadline:g} s")
+    try:
+        return call.result()
+    except TimeoutError as exc:  # redis-py's own socket timeouts
         raise ClaimsUnavailableError(
             f"the claim store did not answer within {deadline:g} s"
         ) from exc
@@ -81,3 +100,9 @@ async def call_redis(operation: Awaitable[_T], deadline: float) -> _T:
         raise ClaimsUnavailableError(
             f"the claim store is unreachable ({type(exc).__name__})"
         ) from exc
+
+
+def _forget_abandoned_call(call: asyncio.Future[object]) -> None:
+    _abandoned_calls.discard(call)
+    if not call.cancelled():
+        call.exception()  # retrieved: an abandoned call's failure is no one's to log
