@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -67,7 +67,7 @@ def connect_redis_blocking(url: str) -> redis.Redis:
 
 
 # Calls given up at their deadline, kept referenced until they end (see call_redis).
-_abandoned_calls: set[asyncio.Future[object]] = set()
+_abandoned_calls: set[asyncio.Future[Any]] = set()
 
 
 async def call_redis(operation: Awaitable[_T], deadline: float) -> _T:
@@ -102,7 +102,7 @@ async def call_redis(operation: Awaitable[_T], deadline: float) -> _T:
         ) from exc
 
 
-def _forget_abandoned_call(call: asyncio.Future[object]) -> None:
+def _forget_abandoned_call(call: asyncio.Future[Any]) -> None:
     _abandoned_calls.discard(call)
     if not call.cancelled():
         call.exception()  # retrieved: an abandoned call's failure is no one's to log
