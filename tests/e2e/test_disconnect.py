@@ -125,7 +125,12 @@ async def start(url: str, sid: str, options: dict[str, Any]) -> tuple[str, str]:
     return cookie_of(headers), headers["x-gym-worker"][0]
 
 
-@pytest.mark.parametrize("workers", [1, 4])
+# At 4 workers a client that leaves meets the local and the forwarded path
+# both; 1 worker (the local path alone) runs in the full run only.
+WORKER_COUNTS = [pytest.param(1, marks=pytest.mark.slow), 4]
+
+
+@pytest.mark.parametrize("workers", WORKER_COUNTS)
 async def test_an_awaiting_tool_is_cancelled_when_its_client_leaves(serve, workers):
     server = serve(SLOW_TOOLS, "--debug-worker-header", workers=workers)
     cookie, holder = await start(server.url, "slow-tool-1", {})
@@ -147,7 +152,7 @@ async def test_an_awaiting_tool_is_cancelled_when_its_client_leaves(serve, worke
     assert (status, reply) == (200, {**expected, "started": 2, "finished": 1})
 
 
-@pytest.mark.parametrize("workers", [1, 4])
+@pytest.mark.parametrize("workers", WORKER_COUNTS)
 async def test_a_seed_whose_client_leaves_runs_to_completion(serve, workers):
     """A start is not cancelled: the lost reply's retry finds the session the seed made."""
     server = serve(SLOW_TOOLS, "--debug-worker-header", workers=workers)
@@ -165,7 +170,7 @@ async def test_a_seed_whose_client_leaves_runs_to_completion(serve, workers):
     assert (status, tally["starts"]) == (200, 1), tally
 
 
-@pytest.mark.parametrize("workers", [1, 4])
+@pytest.mark.parametrize("workers", WORKER_COUNTS)
 async def test_a_step_whose_client_leaves_completes_and_is_recorded_once(serve, workers):
     server = serve(SLOW_ENV, "--debug-worker-header", workers=workers)
     cookie, holder = await start(server.url, "slow-step-1", {"step_seconds": 1.5})
@@ -182,7 +187,7 @@ async def test_a_step_whose_client_leaves_completes_and_is_recorded_once(serve, 
     assert observed == {"observation": 5, "episode_length": 2}
 
 
-@pytest.mark.parametrize("workers", [1, 4])
+@pytest.mark.parametrize("workers", WORKER_COUNTS)
 async def test_a_run_whose_client_leaves_closes_its_env_session(serve, workers):
     env = serve(SLOW_ENV)  # one worker: its /health counts every session
     agent = serve(AGENT, "--allow-env", env.url, workers=workers)

@@ -23,7 +23,7 @@ import nbformat
 import pytest
 from jupyter_client.manager import KernelManager
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
 #: Set in the kernel's environment, so the servers it starts inherit it.

@@ -15,7 +15,7 @@ from envs.counter_load import Episode, _post, client_session, make_episodes
 from gym_sessions.server.process import start_server
 from tests.polling import wait_for as _wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # signals and reloads
 
 COUNTER = "envs.counter:CounterEnv"
 SLOW = "tests.e2e.slow_env:SlowCounterEnv"

@@ -28,7 +28,7 @@ from tests.polling import eventually
 from ..conftest import require_or_skip
 
 # One xdist group: their servers share the host-wide uid range of the sandbox.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("repl_sandbox")]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("repl_sandbox")]
 
 REPL = "envs.python_repl:PythonReplServer"
 # Not root: no sandbox, so the server refuses to start unless told to run unsandboxed.

@@ -56,6 +56,8 @@ MODULE_LINE = re.compile(r"# (?P<module>[A-Za-z_]\w*)\.py")
 SNIPPET_TIMEOUT = 180.0
 #: Libraries of optional extras that snippets import, and their extras.
 EXTRA_LIBRARIES = {"stable_baselines3": "sb3", "pandas": "pandas"}
+#: Blocks that train a model (SB3's PPO): left out of the default run, as the SB3 tests are.
+TRAINING_LIBRARIES = ("stable_baselines3",)
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,15 @@ def test_module_names_are_unique_across_pages():
     assert len(names) == len(set(names)), names
 
 
-@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[block_id(b) for b in PYTHON_BLOCKS])
+def _python_param(block: Block) -> object:
+    trains = any(
+        f"from {library}" in block.code or f"import {library}" in block.code
+        for library in TRAINING_LIBRARIES
+    )
+    return pytest.param(block, id=block_id(block), marks=[pytest.mark.slow] if trains else [])
+
+
+@pytest.mark.parametrize("block", [_python_param(block) for block in PYTHON_BLOCKS])
 def test_python_block_runs(block: Block, module_dir: Path, server_for, tmp_path: Path):
     module = MODULE_LINE.fullmatch(block.first_line)
     if module:

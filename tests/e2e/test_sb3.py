@@ -38,7 +38,7 @@ from gym_sessions.integrations.sb3 import RemoteVecEnv  # noqa: E402
 from gym_sessions.server.process import start_server  # noqa: E402
 from tests.stress.scenarios import worker_healths  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 N = 4
 

@@ -36,7 +36,7 @@ from gym_sessions.integrations.sb3 import RemoteVecEnv  # noqa: E402
 from gym_sessions.server.process import start_server  # noqa: E402
 from tests.e2e.space_kinds_env import SpaceKindsEnv  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 N = 4
 

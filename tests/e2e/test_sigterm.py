@@ -30,7 +30,7 @@ from tests.e2e.test_client_lifecycle import (
     settled_sessions,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # signals
 
 COUNTER = "envs.counter:CounterEnv"
 
