@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gym_sessions.server.process import live_parents, start_server
+from gym_sessions.server.process import ServerProcess, live_parents, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -59,25 +60,50 @@ def busy_machine() -> Iterator[None]:
             loop.wait(10)
 
 
+#: Servers started at once: their starts overlap, each is still killed and
+#: watched alone (the kill, then its own 2 s bound).
+BATCH = 5
+
+
+def _kill_and_watch(server: ServerProcess) -> set[int]:
+    """SIGKILL the supervisor; the descendants still alive ``BOUND_SECONDS`` later."""
+    descendants = _descendants(server.process.pid)
+    assert len(server.worker_pids()) == 4
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait(10)
+    deadline = time.monotonic() + BOUND_SECONDS
+    while _alive(descendants) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    left = _alive(descendants)
+    for pid in left:  # never leave them running past the test
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
 def test_no_supervisor_sigkill_leaves_a_process_alive_on_a_busy_machine(busy_machine, short_tmp):
     survivors: list[tuple[int, set[int]]] = []
-    for round_ in range(ROUNDS):
-        server = start_server(
-            COUNTER, workers=4, tmpdir=os.path.join(short_tmp, f"r{round_}"), ready_timeout=120
-        )
-        try:
-            descendants = _descendants(server.process.pid)
-            assert len(server.worker_pids()) == 4
-            os.kill(server.process.pid, signal.SIGKILL)
-            server.process.wait(10)
-            deadline = time.monotonic() + BOUND_SECONDS
-            while _alive(descendants) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            left = _alive(descendants)
-            if left:
-                survivors.append((round_, left))
-                for pid in left:  # never leave them running past the test
-                    os.kill(pid, signal.SIGKILL)
-        finally:
-            server.stop()
+    with ThreadPoolExecutor(BATCH) as pool:
+        for first in range(0, ROUNDS, BATCH):
+            rounds = range(first, min(first + BATCH, ROUNDS))
+            starts = {
+                round_: pool.submit(
+                    start_server,
+                    COUNTER,
+                    workers=4,
+                    tmpdir=os.path.join(short_tmp, f"r{round_}"),
+                    ready_timeout=120,
+                )
+                for round_ in rounds
+            }
+            servers = {}
+            try:
+                for round_, start in starts.items():
+                    servers[round_] = start.result()
+                for round_, server in servers.items():
+                    if left := _kill_and_watch(server):
+                        survivors.append((round_, left))
+            finally:
+                for start in starts.values():  # those whose start failed are stopped too
+                    if start.exception() is None:
+                        start.result().stop()
     assert not survivors, f"{len(survivors)} of {ROUNDS} kills left processes alive: {survivors}"

@@ -37,7 +37,11 @@ def _redis_claims(item: pytest.Item, params: dict[str, Any]) -> bool:
     "redis" case, or a test that asks for a Redis server and builds its own)."""
     if "cluster" in params:
         return params["cluster"] == "redis"
-    return "redis_server" in getattr(item, "fixturenames", ())
+    return bool(_REDIS_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+#: The fixtures of a test that keeps its clusters' claims in Redis.
+_REDIS_FIXTURES = {"redis_server", "private_redis_server"}
 
 
 @pytest.fixture(params=[True, False], ids=["handoff", "hop"])
