@@ -82,24 +82,32 @@ async def call_redis(operation: Awaitable[_T], deadline: float) -> _T:
     try:
         done, _ = await asyncio.wait({call}, timeout=deadline)
     except asyncio.CancelledError:
-        call.cancel()
+        _abandon(call)
         raise
     if not done:
-        call.cancel()
-        _abandoned_calls.add(call)
-        call.add_done_callback(_forget_abandoned_call)
-        raise ClaimsUnavailableError(f"the claim store did not answer within {deadline:g} s")
+        _abandon(call)
+        raise _no_answer(deadline)
     try:
         return call.result()
     except TimeoutError as exc:  # redis-py's own socket timeouts
-        raise ClaimsUnavailableError(
-            f"the claim store did not answer within {deadline:g} s"
-        ) from exc
+        raise _no_answer(deadline) from exc
     except (redis.RedisError, OSError) as exc:
         # The type only: redis-py's text names the store's address (a socket path).
         raise ClaimsUnavailableError(
             f"the claim store is unreachable ({type(exc).__name__})"
         ) from exc
+
+
+def _no_answer(deadline: float) -> ClaimsUnavailableError:
+    return ClaimsUnavailableError(f"the claim store did not answer within {deadline:g} s")
+
+
+def _abandon(call: asyncio.Future[Any]) -> None:
+    """Cancel ``call`` without waiting for it; referenced until it ends (a pending
+    task nothing refers to may be collected mid-run)."""
+    call.cancel()
+    _abandoned_calls.add(call)
+    call.add_done_callback(_forget_abandoned_call)
 
 
 def _forget_abandoned_call(call: asyncio.Future[Any]) -> None:

@@ -197,11 +197,12 @@ def test_module_names_are_unique_across_pages():
     assert len(names) == len(set(names)), names
 
 
+def _imports(block: Block, library: str) -> bool:
+    return bool(re.search(rf"^\s*(from|import) {library}\b", block.code, flags=re.MULTILINE))
+
+
 def _python_param(block: Block) -> object:
-    trains = any(
-        f"from {library}" in block.code or f"import {library}" in block.code
-        for library in TRAINING_LIBRARIES
-    )
+    trains = any(_imports(block, library) for library in TRAINING_LIBRARIES)
     return pytest.param(block, id=block_id(block), marks=[pytest.mark.slow] if trains else [])
 
 
@@ -233,7 +234,7 @@ def test_python_block_runs(block: Block, module_dir: Path, server_for, tmp_path:
         )
     assert SNIPPET_URL in block.code, f"the snippet should talk to {SNIPPET_URL}"
     for library, extra in EXTRA_LIBRARIES.items():
-        if re.search(rf"^\s*(from|import) {library}\b", block.code, flags=re.MULTILINE):
+        if _imports(block, library):
             import_extra_or_skip(library, extra)
     server = server_for(ServeCommand.parse(block.first_line))
     script = tmp_path / f"snippet_line{block.line}.py"
