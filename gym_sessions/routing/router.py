@@ -52,6 +52,13 @@ from gym_sessions.errors import (
     unexpected_error,
 )
 from gym_sessions.routing.body_budget import BodyBudget, BodyTicket, body_cost
+from gym_sessions.routing.destination import (
+    Serve,
+    after_takeover,
+    held_elsewhere,
+    may_take_over_after,
+    of_holder,
+)
 from gym_sessions.routing.disconnect import DisconnectWatch
 from gym_sessions.routing.forward_signature import ForwardSigner
 from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone, hop_error
@@ -424,14 +431,24 @@ class SessionRouter:
                     holder = await self.claims.holder(sid)
                     if holder is None and routed.source is IdSource.COOKIE:
                         holder = await self._claim_provisionally(routed)
-                if holder is not None and holder != self.claims.worker_id:
+                destination = of_holder(holder, self.claims.worker_id, may_forward=True)
+                if destination.serve is Serve.THERE:
+                    assert destination.worker is not None
                     forwarded = await self._forward(
-                        holder, scope, body, watch, send, start=routed.starts, restorable=True
+                        destination.worker,
+                        scope,
+                        body,
+                        watch,
+                        send,
+                        start=routed.starts,
+                        restorable=True,
                     )
                     if forwarded:
                         return
                     # The holder refused and has exited: restore its session here.
-                    if not await self._restore(routed, holder, scope, body, watch, send):
+                    if not await self._restore(
+                        routed, destination.worker, scope, body, watch, send
+                    ):
                         return
             elif (
                 private
@@ -441,12 +458,15 @@ class SessionRouter:
                 raise _no_room()  # the sender saw this worker emptier: it asks another
             elif private and sid not in self.claims and received_mark(scope, HELD_MARK):
                 raise _NotHeldError(f"worker {self.claims.worker_id} does not hold {sid!r}")
-            elif await self._claim_here(routed) is not None:
-                if private and received_mark(scope, PLACED_MARK) is not None:
-                    # A copy of this start (a retry, say) was placed on another
-                    # worker meanwhile: refuse privately, the sender routes it there.
-                    raise _no_room()
-                raise _claimed_elsewhere(sid)
+            else:
+                other = await self._claim_here(routed)
+                destination = of_holder(other, self.claims.worker_id, may_forward=False)
+                if destination.serve is Serve.NOBODY:
+                    if private and received_mark(scope, PLACED_MARK) is not None:
+                        # A copy of this start (a retry, say) was placed on another
+                        # worker meanwhile: refuse privately, the sender routes it there.
+                        raise _no_room()
+                    raise held_elsewhere(sid, destination.worker)
         except HTTPError as error:
             if private and isinstance(error, CapacityReachedError):
                 send = _with_header(send, (NO_ROOM_HEADER, b"1"))
@@ -732,11 +752,7 @@ class SessionRouter:
             forward = self.forwarder.forward(holder, scope, body, watch.watching(marked))
             await watch.run(forward, cancellable=True)
         except HolderRefusedError as error:
-            if (
-                restorable
-                and self.snapshots is not None
-                and await self.snapshots.may_take_over(holder)
-            ):
+            if await may_take_over_after(error, holder, self.snapshots, restorable=restorable):
                 return False
             await self._send_error(scope, reply_send, error)
         except HTTPError as error:
@@ -760,14 +776,17 @@ class SessionRouter:
         410 as without durable sessions.
         """
         assert self.snapshots is not None
-        server = await self.snapshots.take_over(routed.session_id, dead_holder)
-        if server == self.claims.worker_id:
+        destination = await after_takeover(
+            self.snapshots, routed.session_id, dead_holder, self.claims.worker_id
+        )
+        if destination.serve is Serve.HERE:
             return True
-        if server is not None:
+        assert destination.worker is not None
+        if destination.serve is Serve.THERE:
             # Not restorable: a winner that died too is a 410.
-            await self._forward(server, scope, body, watch, send, start=routed.starts)
+            await self._forward(destination.worker, scope, body, watch, send, start=routed.starts)
         else:
-            await self._send_error(scope, send, holder_gone(dead_holder))
+            await self._send_error(scope, send, holder_gone(destination.worker))
         return False
 
     async def _serve_here(

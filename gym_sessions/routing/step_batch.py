@@ -72,12 +72,19 @@ from gym_sessions.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     NoOpenEpisodeError,
-    SessionConflictError,
     SessionGoneError,
     error_from_body,
     unexpected_error,
 )
-from gym_sessions.routing.forwarder import Forwarder, HolderRefusedError, holder_gone, hop_error
+from gym_sessions.routing.destination import (
+    Destination,
+    Serve,
+    after_takeover,
+    held_elsewhere,
+    may_take_over_after,
+    of_holder,
+)
+from gym_sessions.routing.forwarder import Forwarder, holder_gone, hop_error
 from gym_sessions.routing.handoff import Handoff
 from gym_sessions.routing.owned_claims import OwnedClaims
 from gym_sessions.routing.request_session import RequestSession
@@ -322,21 +329,22 @@ class StepBatchRoute:
         """Serve or send on every entry; ``True``: the connection went to the one holder."""
         here: list[_Entry] = []
         elsewhere: dict[str, list[_Entry]] = {}
+        may_forward = not private and self.forwarder is not None
         for entry in entries:
             if entry.session_id is None:
                 continue
-            holder = await self._holder(entry)
-            if holder is None or holder == self.claims.worker_id:
+            destination = of_holder(
+                await self._holder(entry), self.claims.worker_id, may_forward=may_forward
+            )
+            if destination.serve is Serve.HERE:
                 here.append(entry)
-            elif private or self.forwarder is None:
-                entry.result = _error_result(
-                    SessionConflictError(
-                        f"session {entry.session_id!r} is held by another worker ({holder})"
-                    ),
-                    holder,
-                )
+            elif destination.serve is Serve.THERE:
+                assert destination.worker is not None
+                elsewhere.setdefault(destination.worker, []).append(entry)
             else:
-                elsewhere.setdefault(holder, []).append(entry)
+                entry.result = _error_result(
+                    held_elsewhere(entry.session_id, destination.worker), destination.worker
+                )
         if (
             self.handoff is not None
             and not here
@@ -460,12 +468,7 @@ class StepBatchRoute:
             if len(results) != len(group):
                 raise InternalServerError(f"worker {holder} answered a sub-batch of another size")
         except HTTPError as error:
-            if (
-                isinstance(error, HolderRefusedError)
-                and restorable
-                and self.snapshots is not None
-                and await self.snapshots.may_take_over(holder)
-            ):
+            if await may_take_over_after(error, holder, self.snapshots, restorable=restorable):
                 await self._take_over(holder, group, scope)
                 return
             if isinstance(error, SessionGoneError):
@@ -493,26 +496,29 @@ class StepBatchRoute:
         assert self.snapshots is not None
         snapshots = self.snapshots
 
-        async def server_of(entry: _Entry) -> str | None:
+        async def destination_of(entry: _Entry) -> Destination | None:
             assert entry.session_id is not None
             try:
-                return await snapshots.take_over(entry.session_id, dead_holder)
+                return await after_takeover(
+                    snapshots, entry.session_id, dead_holder, self.claims.worker_id
+                )
             except HTTPError as error:  # the claim store cannot tell (503)
                 entry.result = _error_result(error, None)
                 return None
 
-        servers = await asyncio.gather(*(server_of(entry) for entry in group))
+        destinations = await asyncio.gather(*(destination_of(entry) for entry in group))
         here: list[_Entry] = []
         winners: dict[str, list[_Entry]] = {}
-        for entry, server in zip(group, servers, strict=True):
-            if entry.result is not None:
+        for entry, destination in zip(group, destinations, strict=True):
+            if destination is None:
                 continue
-            if server == self.claims.worker_id:
+            if destination.serve is Serve.HERE:
                 here.append(entry)
-            elif server is None:
-                entry.result = _error_result(holder_gone(dead_holder), dead_holder)
+            elif destination.serve is Serve.THERE:
+                assert destination.worker is not None
+                winners.setdefault(destination.worker, []).append(entry)
             else:
-                winners.setdefault(server, []).append(entry)
+                entry.result = _error_result(holder_gone(dead_holder), dead_holder)
 
         encoding = reply_encoding_of(scope)
 
