@@ -17,12 +17,22 @@ from __future__ import annotations
 import functools
 import importlib
 import ipaddress
+import sys
 from typing import Any
 
 
 def _zstd_module() -> Any:
-    """The standard library's zstd (Python >= 3.14), else its backport, else ``None``."""
-    for name in ("compression.zstd", "backports.zstd"):
+    """The standard library's zstd (Python >= 3.14), else its backport, else ``None``.
+
+    Below 3.14 there is no standard ``compression`` package, so that name is
+    never looked up there: it would find whatever a user's ``compression.py``
+    on the path is, and run it.
+    """
+    if sys.version_info >= (3, 14):
+        names: tuple[str, ...] = ("compression.zstd", "backports.zstd")
+    else:
+        names = ("backports.zstd",)
+    for name in names:
         try:
             return importlib.import_module(name)
         except ImportError:

@@ -7,6 +7,10 @@ decides whether it asks for zstd, as a real client's does.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -168,3 +172,27 @@ def test_accept_encoding_is_read_as_http_says(header, accepts):
 )
 def test_loopback_is_told_from_other_hosts(host, loopback):
     assert compression.is_loopback(host) is loopback
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 14), reason="from 3.14 `compression` is the standard library's"
+)
+def test_a_users_own_compression_module_is_never_imported_in_its_place(tmp_path):
+    # Below Python 3.14 there is no standard `compression` package: a script's
+    # compression.py beside it (benchmarks/ has one) must not be taken for it.
+    (tmp_path / "compression.py").write_text("raise SystemExit('the user module ran')\n")
+    repo = Path(__file__).resolve().parent.parent
+    code = (
+        "import gym_sessions.client, gym_sessions.compression as c, sys; "
+        "print(c.available(), 'compression' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False"]
