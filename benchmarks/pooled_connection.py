@@ -29,8 +29,8 @@ class (the machine is shared and noisy). Every reply's count is checked.
 settings), checked out in a temporary ``git worktree``, to the same rounds.
 
 The machine's own floor, in the same rounds (``--no-floor`` leaves it out):
-plain uvicorn processes serving a bare ASGI app that does a step's JSON work
-(`plain_step_app.py`, no gym-sessions), one connection to one process against
+plain uvicorn processes serving a bare Starlette JSON route
+(`bare_step_app.py`, no gym-sessions), one connection to one process against
 one connection to each of ``--workers`` processes used round robin. Their
 ratio is what taking turns between processes costs a sequential client here
 with nothing of ours in the way.
@@ -141,9 +141,9 @@ class DirectClient(PooledClient):
 
 @contextlib.contextmanager
 def plain_processes(n: int) -> Iterator[list[str]]:
-    """``n`` uvicorn processes of `plain_step_app` (a port each); their URLs, stopped at exit."""
+    """``n`` uvicorn processes of `bare_step_app` (a port each); their URLs, stopped at exit."""
     ports = [free_port() for _ in range(n)]
-    command = [sys.executable, "-m", "uvicorn", "plain_step_app:app", "--log-level", "warning"]
+    command = [sys.executable, "-m", "uvicorn", "bare_step_app:app", "--log-level", "warning"]
     processes = [subprocess.Popen([*command, "--port", str(port)], cwd=HERE) for port in ports]
     try:
         urls = [f"http://127.0.0.1:{port}" for port in ports]
@@ -187,7 +187,7 @@ class PlainClient:
             started = time.perf_counter_ns()
             status, reply, _ = connection.request("POST", "/step", {"action": i})
             into.append((time.perf_counter_ns() - started) / 1e6)
-            if status != 200 or reply["observation"] != i:
+            if status != 200 or reply["observation"] != 1:
                 raise RuntimeError(f"plain step went wrong: {status} {reply}")
 
     def close(self) -> None:

@@ -179,7 +179,7 @@ def test_loopback_is_told_from_other_hosts(host, loopback):
 )
 def test_a_users_own_compression_module_is_never_imported_in_its_place(tmp_path):
     # Below Python 3.14 there is no standard `compression` package: a script's
-    # compression.py beside it (benchmarks/ has one) must not be taken for it.
+    # compression.py beside it (benchmarks/ had one) must not be taken for it.
     (tmp_path / "compression.py").write_text("raise SystemExit('the user module ran')\n")
     repo = Path(__file__).resolve().parent.parent
     code = (

@@ -18,7 +18,7 @@ step time on a slower link is modelled, not measured: the loopback p50 plus
 the reply's bytes over B (each way's request bytes are the same with or
 without compression and are left out).
 
-    .venv/bin/python benchmarks/compression.py [--rounds 20] [--batch 100]
+    .venv/bin/python benchmarks/zstd_cost.py [--rounds 20] [--batch 100]
 
 Prints Markdown tables and writes compression.json into --out DIR (default
 benchmarks/results/local/, untracked).
