@@ -20,7 +20,12 @@ import pytest
 from gym_sessions.client.async_http import AsyncHTTPClient
 from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.client.http import HTTPClient
-from gym_sessions.errors import ConnectionLostError, ReplyTimeoutError, ServerUnreachableError
+from gym_sessions.errors import (
+    BadGatewayError,
+    ConnectionLostError,
+    ReplyTimeoutError,
+    ServerUnreachableError,
+)
 
 RESENDABLE = Request("POST", "/observe", {}, resendable=True)
 NOT_RESENDABLE = Request("POST", "/step", {"action": 1})
@@ -32,8 +37,17 @@ REPLY = (
 )
 
 
+GATEWAY_BODY = b'{"error": {"code": "bad_gateway", "message": "the holder exited"}}'
+#: What a worker answers when the hop to the session's holder broke (a lost reply).
+GATEWAY = (
+    b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(GATEWAY_BODY), GATEWAY_BODY)
+)
+
+
 class ScriptedServer:
-    """Answers each request with the next of ``script``: ``reply``, ``close`` or ``hold``."""
+    """Answers each request with the next of ``script``: ``reply``, ``gateway`` (our 502),
+    ``close`` or ``hold``."""
 
     def __init__(self, script: list[str]) -> None:
         self.script = list(script)
@@ -79,7 +93,7 @@ class ScriptedServer:
                 if answer == "hold":
                     self.stopped.wait()
                     return
-                connection.sendall(REPLY)
+                connection.sendall(GATEWAY if answer == "gateway" else REPLY)
 
     def close(self) -> None:
         self.stopped.set()
@@ -164,6 +178,30 @@ def test_a_lost_reply_of_any_other_request_raises_connection_lost(scripted, send
 def test_retries_run_out(scripted, send):
     server = scripted("close", "close", "close")
     with pytest.raises(ConnectionLostError, match="POST /observe"):
+        send(server.url, RESENDABLE, retries=2)
+    assert len(server.requests) == 3
+
+
+@SHELLS
+def test_a_502_of_a_broken_hop_is_a_lost_reply_for_a_resendable_request(scripted, send):
+    # The worker that took the request lost its hop to the session's holder
+    # (it died mid-request): an /observe is sent again, and with durable
+    # sessions the second one finds the session restored.
+    server = scripted("gateway", "reply")
+    assert send(server.url, RESENDABLE).json() == {"ok": 1}
+    assert server.requests == [b"POST /observe HTTP/1.1"] * 2
+
+
+@SHELLS
+def test_a_502_of_any_other_request_or_the_last_retry_is_raised(scripted, send):
+    # A /step is never resent blindly: its 502 goes to StepRecovery, which asks
+    # /observe whether it ran.
+    server = scripted("gateway", "reply")
+    with pytest.raises(BadGatewayError, match="the holder exited"):
+        send(server.url, NOT_RESENDABLE)
+    assert len(server.requests) == 1
+    server = scripted("gateway", "gateway", "gateway", "reply")
+    with pytest.raises(BadGatewayError):
         send(server.url, RESENDABLE, retries=2)
     assert len(server.requests) == 3
 

@@ -24,7 +24,10 @@ rules below are written once:
   ============  ==========================  ===========================================
   UNREACHABLE   no (no connection)          `ServerUnreachableError` at once
   LOST          yes (sent, then broken)     resend if resendable and a retry is left,
-                                            else `ConnectionLostError`
+                                            else `ConnectionLostError`; a 502
+                                            ``bad_gateway`` reply (a hop behind the
+                                            server broke) is the same, but raises
+                                            `BadGatewayError` when not resent
   TIMEOUT       yes (sent, no reply)        resend if resendable and a retry is left,
                                             else `ReplyTimeoutError`
   ============  ==========================  ===========================================
@@ -47,6 +50,7 @@ from urllib.parse import urlsplit
 from gym_sessions import compression
 from gym_sessions.client.tls import default_context
 from gym_sessions.errors import (
+    BadGatewayError,
     ConnectionLostError,
     GymSessionsError,
     ReplyTimeoutError,
@@ -302,7 +306,11 @@ class Exchange:
         self.client.remember_cookie(headers)
         url, what = self.client.url, self.request.describe()
         if status >= 400:
-            raise error_from_body(status, body, url=url, what=what)
+            error = error_from_body(status, body, url=url, what=what)
+            if isinstance(error, BadGatewayError) and self.resends_left > 0:
+                # A hop behind the server lost the reply: the server's own LOST.
+                raise TransportFailure.of(Failure.LOST, error) from error
+            raise error
         reply_headers = {name.lower(): value for name, value in headers}
         encoding = reply_headers.get("content-encoding", "identity").strip().lower()
         if encoding == compression.ENCODING and compression.available():

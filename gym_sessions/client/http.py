@@ -77,10 +77,9 @@ class HTTPClient(HTTPClientBase):
         while True:
             try:
                 status, headers, body = self._round_trip(exchange)
+                return exchange.replied(status, headers, body)
             except TransportFailure as failure:
                 exchange.failed(failure)  # returns only to send again
-            else:
-                return exchange.replied(status, headers, body)
 
     def send_step(self, step: StepRecovery) -> Reply:
         """Send a step's requests until its reply is in (errors as for `request`)."""

@@ -19,10 +19,12 @@ Every rule of a single step holds for each entry:
   again or `ConnectionLostError` says it ran; so does an entry whose result is
   a 502 (its holder died with the entry sent to it), and a whole batch
   answered 502;
-- a recovery that meets a 502 itself (its ``/observe`` went over a hop to the
-  holder that had just died; with durable sessions the next request restores
-  the session) recovers once more: ``/observe`` changes nothing, and the
-  episode length it reads decides as before, so no step runs twice;
+- a recovery that meets a 502 itself (its ``/observe``, already sent again
+  once by the exchange as every resendable request is, or its step's resend,
+  went over a hop to a holder that had just died; with durable sessions the
+  next request restores the session) recovers once more: ``/observe`` changes
+  nothing, and the episode length it reads decides as before, so no step runs
+  twice;
 - a timeout or another error of the whole batch is every entry's error;
 - a sub-env without a session cookie yet (a reply that set none) steps alone.
 """
