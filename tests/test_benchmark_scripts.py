@@ -28,8 +28,12 @@ SCRIPTS = sorted(
 )
 
 
-def test_the_scripts_are_found():
+def test_the_scripts_are_found_and_none_shadows_the_standard_library():
     assert len(SCRIPTS) >= 20 and "pooled_connection.py" in SCRIPTS
+    # A script's folder is first on its path: a module named like the standard
+    # library's would be imported in its place (`compression` is 3.14's).
+    modules = {path.stem for path in BENCHMARKS.glob("*.py")}
+    assert not modules & (set(sys.stdlib_module_names) | {"compression"})
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

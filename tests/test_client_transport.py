@@ -10,22 +10,27 @@ errors and resend the same requests, since both leave the decision to
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 from collections.abc import Iterator
 
 import aiohttp
 import pytest
+from websockets.asyncio.server import serve
 
 from gym_sessions.client.async_http import AsyncHTTPClient
+from gym_sessions.client.async_websocket import AsyncWebSocketClient
 from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.client.http import HTTPClient
 from gym_sessions.errors import (
     BadGatewayError,
+    BadUpstreamError,
     ConnectionLostError,
     ReplyTimeoutError,
     ServerUnreachableError,
 )
+from gym_sessions.wire import VALUES_SUBPROTOCOL
 
 RESENDABLE = Request("POST", "/observe", {}, resendable=True)
 NOT_RESENDABLE = Request("POST", "/step", {"action": 1})
@@ -37,17 +42,25 @@ REPLY = (
 )
 
 
-GATEWAY_BODY = b'{"error": {"code": "bad_gateway", "message": "the holder exited"}}'
-#: What a worker answers when the hop to the session's holder broke (a lost reply).
-GATEWAY = (
-    b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(GATEWAY_BODY), GATEWAY_BODY)
-)
+def _error_reply(code: str, message: str) -> bytes:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    return (
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+#: The answers besides ``reply``: what a worker answers when the hop to the
+#: session's holder broke (a lost reply), and when an upstream answered unusably.
+ERROR_REPLIES = {
+    "gateway": _error_reply("bad_gateway", "the holder exited"),
+    "upstream": _error_reply("bad_upstream", "the env server answered nonsense"),
+}
 
 
 class ScriptedServer:
-    """Answers each request with the next of ``script``: ``reply``, ``gateway`` (our 502),
-    ``close`` or ``hold``."""
+    """Answers each request with the next of ``script``: ``reply``, ``gateway`` or
+    ``upstream`` (our 502s), ``close`` or ``hold``."""
 
     def __init__(self, script: list[str]) -> None:
         self.script = list(script)
@@ -93,7 +106,7 @@ class ScriptedServer:
                 if answer == "hold":
                     self.stopped.wait()
                     return
-                connection.sendall(GATEWAY if answer == "gateway" else REPLY)
+                connection.sendall(ERROR_REPLIES.get(answer, REPLY))
 
     def close(self) -> None:
         self.stopped.set()
@@ -204,6 +217,20 @@ def test_a_502_of_any_other_request_or_the_last_retry_is_raised(scripted, send):
     with pytest.raises(BadGatewayError):
         send(server.url, RESENDABLE, retries=2)
     assert len(server.requests) == 3
+    # Lost replies of every kind draw on one budget of retries.
+    server = scripted("close", "gateway", "reply")
+    with pytest.raises(BadGatewayError):
+        send(server.url, RESENDABLE, retries=1)
+    assert len(server.requests) == 2
+
+
+@SHELLS
+def test_an_upstreams_unusable_answer_is_not_resent(scripted, send):
+    # 502 bad_upstream: the env or model server did answer, and would again.
+    server = scripted("upstream", "reply")
+    with pytest.raises(BadUpstreamError, match="nonsense"):
+        send(server.url, RESENDABLE)
+    assert len(server.requests) == 1
 
 
 @SHELLS
@@ -231,3 +258,39 @@ def test_an_async_client_on_a_shared_pool_leaves_the_pool_open_and_names_its_tim
             assert AsyncHTTPClient("https://example.org", pool=pool).url == "https://example.org"
 
     asyncio.run(main())
+
+
+async def _over_websocket(script: list[str], request: Request) -> tuple[Reply | Exception, list]:
+    """``request`` sent by the WebSocket shell to a server answering envelopes by ``script``."""
+    paths: list[str] = []
+
+    async def answer(connection) -> None:
+        async for message in connection:
+            envelope = json.loads(message)
+            paths.append(envelope["path"])
+            if (script.pop(0) if script else "reply") == "gateway":
+                status, body = 502, {"error": {"code": "bad_gateway", "message": "holder exited"}}
+            else:
+                status, body = 200, {"ok": 1}
+            headers = [["content-type", "application/json"]]
+            reply = {"id": envelope["id"], "status": status, "headers": headers, "body": body}
+            await connection.send(json.dumps(reply))
+
+    async with serve(answer, "127.0.0.1", 0, subprotocols=[VALUES_SUBPROTOCOL]) as server:
+        port = server.sockets[0].getsockname()[1]
+        client = AsyncWebSocketClient(f"http://127.0.0.1:{port}", timeout=5)
+        try:
+            outcome: Reply | Exception = await client.send(request)
+        except Exception as error:  # the outcome under test
+            outcome = error
+        finally:
+            await client.close()
+    return outcome, paths
+
+
+async def test_the_websocket_shell_resends_on_a_502_as_the_http_shells_do():
+    reply, paths = await _over_websocket(["gateway", "reply"], RESENDABLE)
+    assert isinstance(reply, Reply) and reply.json() == {"ok": 1}
+    assert paths == ["/observe", "/observe"]
+    error, paths = await _over_websocket(["gateway", "reply"], NOT_RESENDABLE)
+    assert isinstance(error, BadGatewayError) and paths == ["/step"]

@@ -189,7 +189,8 @@ class HTTPClientBase:
         keep_alive: Reuse one connection (the default). ``False`` opens a new
             connection per request, as pooled clients and load balancers do.
         retries: How many times a resendable request is sent again after its
-            reply was lost (a broken connection or a timeout).
+            reply was lost (a broken connection, a timeout or a 502
+            ``bad_gateway``), all of them counted together.
         cookie_name: The server's session cookie name.
         headers: Extra headers sent with every request (an authenticating
             proxy's, say). A ``Cookie`` here is sent along with the session
@@ -307,8 +308,9 @@ class Exchange:
         url, what = self.client.url, self.request.describe()
         if status >= 400:
             error = error_from_body(status, body, url=url, what=what)
-            if isinstance(error, BadGatewayError) and self.resends_left > 0:
+            if error.code == BadGatewayError.code and self.resends_left > 0:
                 # A hop behind the server lost the reply: the server's own LOST.
+                # (Not `bad_upstream`: an upstream answered, unusably, and would again.)
                 raise TransportFailure.of(Failure.LOST, error) from error
             raise error
         reply_headers = {name.lower(): value for name, value in headers}

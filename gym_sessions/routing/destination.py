@@ -7,8 +7,10 @@ through the same three questions on every path (docs/design.md §3.4.1 steps
 1. **Who holds it?** (`OwnedClaims.holder`, or the holder `claim` returns.)
    Held here or by nobody: serve here (the handler or the entry's own checks
    answer for an id nobody holds). Held by another worker: send it there,
-   unless this request may not move again (it came over a private socket, or
-   this worker does not route), and then it is a lost race: 409.
+   unless this request may not move again (it came over a private socket, its
+   connection was just handed here for it, or this worker does not route), and
+   then it is a lost race: 409. (A handed-over step batch still sends its
+   entries on over the hop: only the connection may not move twice.)
 2. **The holder refused the hop.** Only then can nothing have run there, so
    only then may a durable session be taken over (its process must also have
    exited: a slow worker is never taken over; `SessionSnapshots.may_take_over`).
@@ -68,8 +70,9 @@ _HERE = Destination(Serve.HERE)
 def of_holder(holder: str | None, worker_id: str, *, may_forward: bool) -> Destination:
     """Where a request goes whose session ``holder`` holds (``None``: nobody does).
 
-    ``may_forward``: a public request on a worker that routes. A private one
-    (it already moved once) meets another holder only by losing a race.
+    ``may_forward``: a public request on a worker that routes. One that already
+    moved (over the hop, or with its connection) meets another holder only by
+    losing a race.
     """
     if holder is None or holder == worker_id:
         return _HERE
