@@ -72,8 +72,9 @@ def _send_failures() -> Iterator[None]:
 class AsyncHTTPClient(HTTPClientBase):
     """``await send(request)`` over one kept-alive connection (see `HTTPClientBase`).
 
-    The aiohttp session is made on first use, inside the running event loop,
-    and belongs to that loop.
+    The connection (`Http11Connection`) is opened on first use, inside the
+    running event loop, and belongs to that loop; with ``pool=`` the requests
+    go through that aiohttp session instead.
 
     Args:
         url: As for `HTTPClientBase`.

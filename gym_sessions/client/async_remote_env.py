@@ -40,8 +40,9 @@ class AsyncRemoteEnv:
     """One session on a gym-sessions server, driven with ``await``.
 
     The same requests, replies, errors and retry rules as `RemoteEnv` (both are
-    shells around `RemoteEnvProtocol`), over aiohttp with one kept-alive
-    connection, so any number of envs share one event loop, one session each.
+    shells around `RemoteEnvProtocol`), over one kept-alive asyncio HTTP/1.1
+    connection (`gym_sessions.client.http11`), so any number of envs share one
+    event loop, one session each.
     Open it with ``async with`` or `create` (both read the spaces from
     ``GET /spaces``); leaving the ``async with`` block closes the session. A
     ``reset()`` after ``close()`` starts a new session (a new id and key).
@@ -49,8 +50,8 @@ class AsyncRemoteEnv:
     An env that is garbage-collected or still open at interpreter exit closes
     its session by itself (with a blocking request of at most about 2 s, even
     inside a running event loop, or after ``asyncio.run`` has closed the loop)
-    and its aiohttp session, without raising or printing aiohttp's "Unclosed"
-    messages (`gym_sessions.client.lifecycle`). ``await close()`` to know it worked.
+    and its connection, without raising or printing "Unclosed" warnings
+    (`gym_sessions.client.lifecycle`). ``await close()`` to know it worked.
 
     Example:
         >>> async with AsyncRemoteEnv("http://127.0.0.1:8000") as env:

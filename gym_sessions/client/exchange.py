@@ -1,11 +1,12 @@
 """What one HTTP request of a client means, without I/O: its bytes, its reply, its failures.
 
-Every client request goes through one of two shells that only move bytes:
-`gym_sessions.client.http.HTTPClient` (blocking) and
-`gym_sessions.client.async_http.AsyncHTTPClient` (aiohttp; `RemoteVectorEnv` and
-the agent's env sessions use it too). Each shell turns its library's errors
-into a `TransportFailure` and leaves every decision to an `Exchange`, so the
-rules below are written once:
+Every client request goes through a shell that only moves bytes:
+`gym_sessions.client.http.HTTPClient` (blocking),
+`gym_sessions.client.async_http.AsyncHTTPClient` (asyncio: our own HTTP/1.1
+connection, or the aiohttp pool the agent's env sessions pass; `RemoteVectorEnv`
+uses it too) or `gym_sessions.client.async_websocket.AsyncWebSocketClient`
+(``/ws``). Each shell turns its library's errors into a `TransportFailure` and
+leaves every decision to an `Exchange`, so the rules below are written once:
 
 - the bytes (`HTTPClientBase.exchange`): the JSON body (strict: no NaN) or an
   `EncodedBody` as it is (a binary message), the caller's extra headers, the

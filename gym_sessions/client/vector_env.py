@@ -36,9 +36,9 @@ sessions with new ones.
 
 A vector env that is garbage-collected or still open at interpreter exit
 closes its sessions by itself, all at once on its loop (at most
-`EXIT_CLOSE_TIMEOUT_SECONDS` in all, errors ignored), closes their aiohttp
-sessions and closes its loop (and stops its thread, if any), so nothing is
-left open on the server and aiohttp prints no "Unclosed client session".
+`EXIT_CLOSE_TIMEOUT_SECONDS` in all, errors ignored), closes their
+connections and closes its loop (and stops its thread, if any), so nothing is
+left open on the server and no "Unclosed" warning is printed.
 """
 
 from __future__ import annotations
