@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -138,6 +139,19 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     global results_dir
     results_dir = os.path.abspath(args.out)
     return args
+
+
+def wait_for(url: str, timeout: float = 60.0) -> None:
+    """Poll ``url``'s ``GET /health`` until it answers (a server we did not start ourselves)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def write_json(name: str, data: dict[str, Any]) -> str:

@@ -39,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from typing import Any
 
 import _common
@@ -95,18 +94,6 @@ def measure(command: list[str], cwd: str | None = None) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def wait_for(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -133,7 +120,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {"gym-sessions": [], "openenv": []}
     walls: dict[str, list[float]] = {"gym-sessions": [], "openenv": []}
     try:
-        wait_for(peer_url)
+        _common.wait_for(peer_url)
         with start_server("gym_sessions/Counter-v0", workers=WORKERS) as ours:
             commands = {
                 "gym-sessions": [sys.executable, __file__, "--drive", ours.url],

@@ -148,7 +148,7 @@ def plain_processes(n: int) -> Iterator[list[str]]:
     try:
         urls = [f"http://127.0.0.1:{port}" for port in ports]
         for url in urls:
-            _wait_for(url)
+            _common.wait_for(url, timeout=30)
         yield urls
     finally:
         for process in processes:
@@ -159,18 +159,6 @@ def plain_processes(n: int) -> Iterator[list[str]]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-def _wait_for(url: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            RawConnection(url, timeout=5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 class PlainClient:

@@ -172,52 +172,45 @@ def test_a_closed_port_is_unreachable_and_not_retried(send):
         send(url, RESENDABLE, retries=3)
 
 
+#: The two ways a reply is lost: the connection breaks, or the worker that took
+#: the request lost its hop to the session's holder (502 bad_gateway: the
+#: holder died mid-request; with durable sessions a resend finds it restored).
+LOST = pytest.mark.parametrize(
+    ("lost", "raised"),
+    [("close", ConnectionLostError), ("gateway", BadGatewayError)],
+    ids=["connection_broke", "bad_gateway"],
+)
+
+
 @SHELLS
-def test_a_lost_reply_of_a_resendable_request_is_sent_again(scripted, send):
-    server = scripted("close", "reply")
+@LOST
+def test_a_lost_reply_of_a_resendable_request_is_sent_again(scripted, send, lost, raised):
+    server = scripted(lost, "reply")
     assert send(server.url, RESENDABLE).json() == {"ok": 1}
     assert server.requests == [b"POST /observe HTTP/1.1"] * 2
 
 
 @SHELLS
-def test_a_lost_reply_of_any_other_request_raises_connection_lost(scripted, send):
-    server = scripted("close", "reply")
-    with pytest.raises(ConnectionLostError, match="POST /step"):
+@LOST
+def test_a_lost_reply_of_any_other_request_is_raised(scripted, send, lost, raised):
+    # A /step is never resent blindly: StepRecovery asks /observe whether it ran.
+    server = scripted(lost, "reply")
+    with pytest.raises(raised, match="POST /step" if lost == "close" else "the holder exited"):
         send(server.url, NOT_RESENDABLE)
     assert len(server.requests) == 1
 
 
 @SHELLS
-def test_retries_run_out(scripted, send):
-    server = scripted("close", "close", "close")
-    with pytest.raises(ConnectionLostError, match="POST /observe"):
+@LOST
+def test_retries_run_out(scripted, send, lost, raised):
+    server = scripted(lost, lost, lost, "reply")
+    with pytest.raises(raised, match="POST /observe" if lost == "close" else "the holder exited"):
         send(server.url, RESENDABLE, retries=2)
     assert len(server.requests) == 3
 
 
 @SHELLS
-def test_a_502_of_a_broken_hop_is_a_lost_reply_for_a_resendable_request(scripted, send):
-    # The worker that took the request lost its hop to the session's holder
-    # (it died mid-request): an /observe is sent again, and with durable
-    # sessions the second one finds the session restored.
-    server = scripted("gateway", "reply")
-    assert send(server.url, RESENDABLE).json() == {"ok": 1}
-    assert server.requests == [b"POST /observe HTTP/1.1"] * 2
-
-
-@SHELLS
-def test_a_502_of_any_other_request_or_the_last_retry_is_raised(scripted, send):
-    # A /step is never resent blindly: its 502 goes to StepRecovery, which asks
-    # /observe whether it ran.
-    server = scripted("gateway", "reply")
-    with pytest.raises(BadGatewayError, match="the holder exited"):
-        send(server.url, NOT_RESENDABLE)
-    assert len(server.requests) == 1
-    server = scripted("gateway", "gateway", "gateway", "reply")
-    with pytest.raises(BadGatewayError):
-        send(server.url, RESENDABLE, retries=2)
-    assert len(server.requests) == 3
-    # Lost replies of every kind draw on one budget of retries.
+def test_lost_replies_of_every_kind_draw_on_one_budget_of_retries(scripted, send):
     server = scripted("close", "gateway", "reply")
     with pytest.raises(BadGatewayError):
         send(server.url, RESENDABLE, retries=1)
