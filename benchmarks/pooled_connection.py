@@ -17,7 +17,12 @@ Servers side by side, one connection and one set of sessions each:
 - on the default server, a second client with 40 sessions of its own and one
   kept-alive connection per worker, each request sent on the connection its
   session's holder accepted: what a client told where each session lives (a
-  hint) could reach at best.
+  hint) could reach at best;
+- our own client sharing connections: 40 `AsyncRemoteEnv` sessions with one
+  `ConnectionPool` (each request on its holder's connection, as the replies'
+  hints say), on the 4-worker default server over the same client on the
+  1-worker server (its own baseline: the Gymnasium client does more per step
+  than the raw connection above).
 
 The classes run in interleaved rounds (`routing_cost.interleaved_rounds`),
 and each ratio is the median of per-round p50 ratios over the 1-worker
@@ -43,6 +48,7 @@ benchmarks/results/local/, untracked).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import shlex
@@ -51,12 +57,13 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import _common
 from _common import RawConnection, markdown_table, worker_deliveries
 from routing_cost import SteppedSession, interleaved_rounds
 
+from gym_sessions.client import AsyncRemoteEnv, ConnectionPool
 from gym_sessions.server.process import ServerProcess, start_server
 from tests.services import free_port
 
@@ -65,8 +72,10 @@ SINGLE = "1 worker"
 DIRECT = "a connection per worker, each request on its holder's"
 PLAIN_ONE = "plain uvicorn, 1 process (the floor's baseline)"
 PLAIN_TURNS = "plain uvicorn, a connection to each process, round robin"
+POOL_ONE = "our ConnectionPool client, 1 worker"
+POOL_MANY = "our ConnectionPool client (AsyncRemoteEnv sessions sharing one pool)"
 #: Each ratio's denominator, where it is not the 1-worker server.
-BASELINE_OF = {PLAIN_TURNS: PLAIN_ONE}
+BASELINE_OF = {PLAIN_TURNS: PLAIN_ONE, POOL_MANY: POOL_ONE}
 TARGET_RATIO = 1.3
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -137,6 +146,60 @@ class DirectClient(PooledClient):
         for group in self.groups.values():
             for connection in group:
                 connection.close()
+
+
+class PoolClient:
+    """``sessions`` `AsyncRemoteEnv` sessions sharing one `ConnectionPool`, stepped round robin.
+
+    On an event loop of its own, run to completion per batch; every count checked.
+    """
+
+    def __init__(self, server: ServerProcess, sessions: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.pool = ConnectionPool(server.url)
+        self.envs: list[AsyncRemoteEnv] = self.loop.run_until_complete(self._start(sessions))
+        self.counts = [0] * sessions
+        self.next = 0
+
+    async def _start(self, sessions: int) -> list[AsyncRemoteEnv]:
+        envs = []
+        for _ in range(sessions):
+            env = await AsyncRemoteEnv.create(self.pool.url, pool=self.pool)
+            await env.reset()
+            envs.append(env)
+        return envs
+
+    def steps(self, r: int, n: int, into: list[float]) -> None:
+        self.loop.run_until_complete(self._steps(n, into))
+
+    async def _steps(self, n: int, into: list[float]) -> None:
+        for i in range(n):
+            k = self.next
+            self.next = (k + 1) % len(self.envs)
+            action = 1 if i % 2 == 0 else -1
+            started = time.perf_counter_ns()
+            observation, *_ = await self.envs[k].step(action)
+            into.append((time.perf_counter_ns() - started) / 1e6)
+            self.counts[k] += action
+            if observation != self.counts[k]:
+                raise RuntimeError(f"pooled step went wrong: {observation}, not {self.counts[k]}")
+
+    def holders(self) -> dict[str, int]:
+        """Sessions per worker, as their replies named the holder."""
+        counts: dict[str, int] = {}
+        for env in self.envs:
+            holder = str(env._http.holder)  # type: ignore[union-attr]
+            counts[holder] = counts.get(holder, 0) + 1
+        return counts
+
+    def close(self) -> None:
+        async def close_all() -> None:
+            for env in self.envs:
+                await env.close()
+            await self.pool.close()
+
+        self.loop.run_until_complete(close_all())
+        self.loop.close()
 
 
 @contextlib.contextmanager
@@ -245,6 +308,14 @@ def main() -> None:
             direct = DirectClient(servers["handoff on (default)"], args.sessions, workers)
             stack.callback(direct.close)
             clients[DIRECT] = direct
+            # A server of its own: its /health counts are the pool's alone.
+            servers[POOL_MANY] = stack.enter_context(
+                start_server(TARGET, "--debug-worker-header", workers=workers)
+            )
+            for name, server in ((POOL_ONE, one), (POOL_MANY, servers[POOL_MANY])):
+                pool_client = PoolClient(server, args.sessions)
+                stack.callback(pool_client.close)
+                clients[name] = pool_client  # type: ignore[assignment]
         if not args.no_floor:
             one_url, *turn_urls = stack.enter_context(plain_processes(1 + workers))
             plain: dict[str, PlainClient] = {
@@ -261,6 +332,11 @@ def main() -> None:
         )
         counts = {name: worker_deliveries(s.url, workers) for name, s in servers.items()}
         placed = {name: clients[name].holders() for name in servers}
+        if POOL_MANY in clients:
+            pool = cast(PoolClient, clients[POOL_MANY]).pool
+            machine["pool_idle_connections_by_worker"] = {
+                str(k): v for k, v in pool.idle_by_worker().items()
+            }
         if DIRECT in clients:
             _common.check_connections(direct.groups)
 
@@ -287,7 +363,7 @@ def summarize(
             "p99": _common.median_ratio(p99s[k], p99s[BASELINE_OF.get(k, SINGLE)]),
         }
         for k in per_round
-        if k not in (SINGLE, PLAIN_ONE)
+        if k not in {SINGLE, *BASELINE_OF.values()}
     }
     pooled = {k: _common.summary([x for b in v for x in b]) for k, v in per_round.items()}
     return {
@@ -326,7 +402,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"{kind} / {'1 worker' if r['over'] == SINGLE else r['over']}",
             f"{r['p50']:.3f}",
             f"{r['p99']:.3f}",
-            f"<= {TARGET_RATIO}" if r["over"] == SINGLE else "(the machine's floor)",
+            "(the machine's floor)" if r["over"] == PLAIN_ONE else f"<= {TARGET_RATIO}",
         ]
         for kind, r in report["ratios_median_of_rounds"].items()
     ]

@@ -69,6 +69,7 @@ from gym_sessions.errors import (
 if TYPE_CHECKING:
     from gym_sessions.client import (
         AsyncRemoteEnv,
+        ConnectionPool,
         EnvDescription,
         RemoteEnv,
         RemoteVectorEnv,
@@ -88,6 +89,7 @@ __all__ = [
     "CapacityReachedError",
     "ClaimsUnavailableError",
     "ConnectionLostError",
+    "ConnectionPool",
     "EnvDescription",
     "EnvError",
     "ForbiddenError",
@@ -134,7 +136,14 @@ __all__ = [
 __getattr__, __dir__ = lazy_names(
     globals(),
     dict.fromkeys(
-        ("AsyncRemoteEnv", "EnvDescription", "RemoteEnv", "RemoteVectorEnv", "run_episodes"),
+        (
+            "AsyncRemoteEnv",
+            "ConnectionPool",
+            "EnvDescription",
+            "RemoteEnv",
+            "RemoteVectorEnv",
+            "run_episodes",
+        ),
         "gym_sessions.client",
     ),
     __all__,

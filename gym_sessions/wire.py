@@ -10,7 +10,9 @@ __all__ = [
     "CLOSE_FOLLOWS_HEADER",
     "DEBUG_WORKER_HEADER",
     "EPISODE_LENGTH_HEADER",
+    "HOLDER_HEADER",
     "PYTHON_INT_FIELD",
+    "RELAYED_BY_HEADER",
     "SESSION_COOKIE",
     "SESSION_GONE_CLOSE_CODE",
     "START_BESIDE_HEADER",
@@ -34,6 +36,17 @@ START_BESIDE_HEADER = "x-gym-start-beside"
 #: On every reply of a server started with ``--debug-worker-header``: the id of
 #: the worker that served the request (the session's holder).
 DEBUG_WORKER_HEADER = "x-gym-worker"
+
+#: On every reply a worker's app produced for a request it routed (always, not
+#: only with the debug header): that worker's id, the session's holder. A hint
+#: for clients that pool connections (`ConnectionPool`), never a credential:
+#: the request still carries its cookie or key and is routed by it.
+HOLDER_HEADER = "x-gym-holder"
+
+#: Added by the worker that received a request and relayed it to its holder:
+#: that worker's id. The connection stays with it, so a pooled client counts
+#: the connection as that worker's and the session as the holder's.
+RELAYED_BY_HEADER = "x-gym-relayed-by"
 
 #: On ``/step``: the episode's length before this step, as the client counts it.
 #: The step runs only if the server counts the same (else 409 ``step_out_of_order``,

@@ -1,6 +1,7 @@
 """Clients: the Gymnasium API on remote environments, blocking, async and vectorised."""
 
 from gym_sessions.client.async_remote_env import AsyncRemoteEnv
+from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.client.protocol import EnvDescription
 from gym_sessions.client.records import (
     RolloutRecords,
@@ -18,6 +19,7 @@ from gym_sessions.errors import ConnectionLostError, ReplyTimeoutError
 __all__ = [
     "AsyncRemoteEnv",
     "ConnectionLostError",
+    "ConnectionPool",
     "EnvDescription",
     "RemoteEnv",
     "RemoteVectorEnv",

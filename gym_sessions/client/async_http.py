@@ -6,9 +6,10 @@ the worker that claimed the session, with no routing hop. If that connection
 closes, the next one carries the session cookie and the server routes it to
 the holder. No cookie jar: the session cookie is kept by hand
 (`HTTPClientBase`), as in the blocking client, so that sessions sharing a host
-never see each other's cookie. A server that holds many sessions of its own
-(the agent) passes its aiohttp pool instead (``pool=``): the requests share
-its connections and its timeouts (``https`` too).
+never see each other's cookie. Many sessions may share connections instead
+(``pool=``): a `ConnectionPool` sends each request on its session's holder's
+connection (`gym_sessions.client.connection_pool`); the agent server passes
+its aiohttp pool, whose connections, timeouts and ``https`` settings apply.
 
 Like the blocking shell, this module only moves bytes and names how a send
 failed; the rules are `gym_sessions.client.exchange`'s and
@@ -30,6 +31,7 @@ from collections.abc import Iterator, Mapping
 
 import aiohttp
 
+from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.client.exchange import (
     Exchange,
     Failure,
@@ -84,9 +86,13 @@ class AsyncHTTPClient(HTTPClientBase):
         cookie_name: As for `HTTPClientBase`.
         headers: As for `HTTPClientBase`.
         ssl_context: As for `HTTPClientBase`.
-        pool: A shared aiohttp session to send with, which `close` leaves open:
-            its connector, timeouts and TLS settings apply (not ``timeout``
-            nor ``ssl_context``); its cookie jar is not used.
+        pool: Connections shared with other sessions, which `close` leaves
+            open: a `ConnectionPool` of the same origin (its ``timeout`` and TLS
+            settings apply), or an aiohttp session (its connector, timeouts and
+            TLS settings apply; its cookie jar is not used).
+
+    Raises:
+        ValueError: as for `HTTPClientBase`, or a pool of another origin.
     """
 
     _connection: Http11Connection | None = None
@@ -102,9 +108,11 @@ class AsyncHTTPClient(HTTPClientBase):
         cookie_name: str = SESSION_COOKIE,
         headers: Mapping[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        pool: aiohttp.ClientSession | None = None,
+        pool: ConnectionPool | aiohttp.ClientSession | None = None,
     ) -> None:
-        if pool is not None:
+        if isinstance(pool, ConnectionPool):
+            timeout, ssl_context = pool.timeout, pool.ssl_context
+        elif pool is not None:
             # ReplyTimeoutError names the wait the pool allows for a reply.
             timeout = pool.timeout.sock_read or pool.timeout.total or math.inf
         super().__init__(
@@ -117,6 +125,12 @@ class AsyncHTTPClient(HTTPClientBase):
             ssl_context=ssl_context,
         )
         self._pool = pool
+        if isinstance(pool, ConnectionPool) and not pool.serves(
+            "https" if self.ssl_context is not None else "http", self._host, self._port
+        ):
+            raise ValueError(f"the pool is for {pool.url}, not {url}")
+        #: The worker holding this client's session, as its last reply named it.
+        self.holder: str | None = None
 
     def _connected(self) -> Http11Connection:
         loop = asyncio.get_running_loop()
@@ -149,7 +163,7 @@ class AsyncHTTPClient(HTTPClientBase):
         shell = over or self
         while True:
             try:
-                status, headers, body = await shell._round_trip(exchange)
+                status, headers, body = await shell._round_trip(exchange, self)
                 return exchange.replied(status, headers, body)
             except TransportFailure as failure:
                 exchange.failed(failure)  # returns only to send again
@@ -158,13 +172,27 @@ class AsyncHTTPClient(HTTPClientBase):
         """Send a step's requests until its reply is in (errors as for `send`)."""
         return await step.drive_async(self.send)
 
-    async def _round_trip(self, exchange: Exchange) -> tuple[int, list[tuple[str, str]], bytes]:
+    async def _round_trip(
+        self, exchange: Exchange, sender: AsyncHTTPClient
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """One send of ``exchange`` over this client's connection or pool, for ``sender``."""
+        target = self._prefix + exchange.path
         if self._pool is None:
-            target = self._prefix + exchange.path
             connection = self._connected()
             return await connection.round_trip(
                 exchange.method, target, exchange.headers, exchange.payload
             )
+        if isinstance(self._pool, ConnectionPool):
+            # A session's first start over another's connection (a vector env's
+            # group) asks for that session's worker: it starts beside it.
+            reply, sender.holder = await self._pool.round_trip(
+                sender.holder or self.holder,
+                exchange.method,
+                target,
+                exchange.headers,
+                exchange.payload,
+            )
+            return reply
         url = self.url + exchange.path
         with _send_failures():
             async with self._pool.request(

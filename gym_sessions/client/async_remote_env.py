@@ -16,6 +16,7 @@ from gymnasium.utils import seeding
 from gym_sessions.client import lifecycle, sigterm
 from gym_sessions.client.async_http import AsyncHTTPClient
 from gym_sessions.client.async_websocket import AsyncWebSocketClient
+from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
     EnvDescription,
@@ -81,6 +82,10 @@ class AsyncRemoteEnv:
             the same session; a step whose reply it lost ran once or not at all
             (as over HTTP: `ConnectionLostError` says when it ran). Values are
             binary frames where the server offers the binary encoding.
+        pool: A `ConnectionPool` of ``url`` for this env's requests (HTTP
+            only), shared with other envs: each request goes on a connection
+            of the worker holding its session. ``timeout``, ``verify`` and
+            ``cert`` are then the pool's; ``close()`` leaves it open.
     """
 
     observation_space: gym.Space[Any]
@@ -101,12 +106,15 @@ class AsyncRemoteEnv:
         description: EnvDescription | None = None,
         close_at_exit: bool = True,
         transport: str = "http",
+        pool: ConnectionPool | None = None,
     ) -> None:
         self.url = url
         self.render_mode = render_mode
         self.transport = transport
         self._http: AsyncHTTPClient | AsyncWebSocketClient
         if transport == "ws":
+            if pool is not None:
+                raise ValueError("a WebSocket is the session's own connection: no pool")
             self._http = AsyncWebSocketClient(
                 url,
                 timeout=timeout,
@@ -121,7 +129,8 @@ class AsyncRemoteEnv:
                 keep_alive=keep_alive,
                 retries=retries,
                 headers=headers,
-                ssl_context=tls_context(url, verify, cert),
+                ssl_context=None if pool is not None else tls_context(url, verify, cert),
+                pool=pool,
             )
         else:
             raise ValueError(f"transport must be 'http' or 'ws', not {transport!r}")

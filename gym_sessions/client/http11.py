@@ -235,6 +235,12 @@ class Http11Connection:
             reader = self._reader = protocol
         return reader
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the connection is up and usable for the next request."""
+        reader = self._reader
+        return reader is not None and reader.lost is None
+
     def shut_down(self) -> None:
         """End the connection without its loop (which has closed): shut the socket down."""
         reader, self._reader = self._reader, None

@@ -91,6 +91,7 @@ from gym_sessions.routing.session_ids import (
 )
 from gym_sessions.routing.session_snapshots import SessionSnapshots
 from gym_sessions.routing.step_batch import StepBatchRoute, is_step_batch
+from gym_sessions.routing.worker_hints import holder_hint, relayed_by_hint
 from gym_sessions.scope_keys import (
     HANDED_IN_SCOPE_KEY,
     PRIVATE_SCOPE_KEY,
@@ -307,6 +308,9 @@ class SessionRouter:
         self.worker_header = (
             (WORKER_HEADER, claims.worker_id.encode()) if debug_worker_header else None
         )
+        # Always on: a pooling client's hint of where each session lives (`worker_hints`).
+        self.holder_hint = holder_hint(claims.worker_id)
+        self.relayed_by_hint = relayed_by_hint(claims.worker_id)
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
         self.body_read_timeout_seconds = body_read_timeout_seconds
@@ -641,7 +645,7 @@ class SessionRouter:
             if not refused:
                 await send(message)
 
-        target: Send = send_unless_refused
+        target: Send = _with_header(send_unless_refused, self.relayed_by_hint)
         if self.worker_header is not None:
             target = _with_header(target, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
@@ -743,6 +747,7 @@ class SessionRouter:
             # The holder may be full (it holds a closed session's claim): its
             # private no-room mark is for workers, never for the client.
             reply_send = _without_header(reply_send, NO_ROOM_HEADER)
+        reply_send = _with_header(reply_send, self.relayed_by_hint)
         if self.worker_header is not None:
             reply_send = _with_header(reply_send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
@@ -850,9 +855,8 @@ class SessionRouter:
                 if self.snapshots is not None:
                     # Before the reply leaves: what the client sees is what a restore gives.
                     await self.snapshots.after_request(sid, held=held)
-                if cookie is not None or self.worker_header is not None:
-                    extra = [h for h in (cookie, self.worker_header) if h is not None]
-                    message["headers"] = [*message.get("headers", []), *extra]
+                extra = [h for h in (cookie, self.worker_header) if h is not None]
+                message["headers"] = [*message.get("headers", []), self.holder_hint, *extra]
             await send(message)
 
         routed.body = body  # for `read_json`: the body is not read twice

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from envs.counter_load import make_episodes, play_all
+from gym_sessions.client import AsyncRemoteEnv, ConnectionPool
 from gym_sessions.server.process import start_server
 from gym_sessions.transport.http_protocol import uvicorn_tested
 from tests.conftest import needs_handoff, require_or_skip
@@ -290,3 +291,59 @@ def test_agent_pool_carrying_many_sessions_per_connection_scores_every_episode()
     counts = [health["deliveries"] for health in healths.values()]
     assert sum(c["handed_over"] for c in counts) > 0
     assert sum(c["hop_reasons"].get("lost", 0) + c["undecided"] for c in counts) == 0
+
+
+async def _step_round_robin(envs: list, counts: list[int], rounds: int) -> None:
+    """``rounds`` steps of every env in turn (action 1), each count checked."""
+    for _ in range(rounds):
+        for k, env in enumerate(envs):
+            observation, *_ = await env.step(1)
+            counts[k] += 1
+            assert observation == counts[k]
+
+
+async def test_sessions_sharing_a_connection_pool_never_hop_once_it_knows_their_holders(server):
+    # 16 sessions over one ConnectionPool: the replies' hints file each
+    # connection under the worker it reaches, so once every holder has one, not
+    # one request is handed over or hopped (the server's own counts say so).
+    pool = ConnectionPool(server.url)
+    envs = [await AsyncRemoteEnv.create(server.url, pool=pool) for _ in range(16)]
+    counts = [0] * len(envs)
+    try:
+        for env in envs:
+            await env.reset()
+        await _step_round_robin(envs, counts, rounds=1)
+        before, opened = _totals(server.url), pool.open_connections
+        await _step_round_robin(envs, counts, rounds=5)
+        assert _totals(server.url) == before
+        assert pool.open_connections == opened  # settled: no new connection either
+        holders = {env._http.holder for env in envs}
+        assert len(holders) >= 2  # balanced placement spread them
+        assert holders <= set(pool.idle_by_worker())
+    finally:
+        for env in envs:
+            await env.close()
+        await pool.close()
+    assert pool.open_connections == 0
+
+
+async def test_a_pool_smaller_than_the_workers_relays_and_every_count_is_exact(shared_serve):
+    # Two connections for four workers and no handoff: most requests go on
+    # another worker's connection and hop; the hints only choose, the cookie routes.
+    server = shared_serve(COUNTER, "--handoff", "off", workers=4)
+    pool = ConnectionPool(server.url, max_connections=2)
+    envs = [await AsyncRemoteEnv.create(server.url, pool=pool) for _ in range(12)]
+    counts = [0] * len(envs)
+    try:
+        for env in envs:
+            await env.reset()
+        await _step_round_robin(envs, counts, rounds=4)
+        steps = [env.step(1) for env in envs]  # all at once: some wait for a connection
+        for k, (observation, *_) in enumerate(await asyncio.gather(*steps)):
+            counts[k] += 1
+            assert observation == counts[k]
+        assert pool.open_connections <= 2
+    finally:
+        for env in envs:
+            await env.close()
+        await pool.close()

@@ -1,0 +1,237 @@
+"""Connections to one server shared by many sessions, each request on its holder's connection.
+
+A multi-worker server's workers share one listening socket, so a pooled
+connection reaches whichever worker accepted it, and a request for another
+worker's session costs a hop or a connection handoff on the server. Every
+reply says which worker served it and which worker the connection now reaches
+(`gym_sessions.wire.HOLDER_HEADER`, `RELAYED_BY_HEADER`): `ConnectionPool`
+files each idle connection under the worker it reaches, and lends a session's
+request the connection of that session's holder when one is idle. When the
+holder has none, the request goes on a spare connection of another worker (one
+that worker does not need: it has another idle), which a server with
+connection handoff (its default on one host) moves to the holder for good;
+where the server does not move it (no handoff, or another host), on a new
+connection instead, which reaches whichever worker accepts it. Either way the
+pool settles with a connection on each holder, and from then on no request
+hops.
+
+The hints only choose a connection. Every request still carries its session
+cookie and is routed by the server, so a wrong or missing hint (an HTTP proxy
+in front, a session restored elsewhere, a server that sends none) costs a hop,
+never a wrong reply. Which connection a request travels on never changes what
+the exchange rules (`gym_sessions.client.exchange`) do with its reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from urllib.parse import urlsplit
+
+from gym_sessions.client.exchange import Failure, TransportFailure
+from gym_sessions.client.http11 import Http11Connection, ReplyParts
+from gym_sessions.client.tls import default_context
+from gym_sessions.wire import HOLDER_HEADER, RELAYED_BY_HEADER
+
+__all__ = ["ConnectionPool"]
+
+_HOLDER = HOLDER_HEADER.lower()
+_RELAYED_BY = RELAYED_BY_HEADER.lower()
+
+
+def _hints(headers: list[tuple[str, str]]) -> tuple[str | None, str | None]:
+    """The worker that served a reply, and the worker its connection now reaches."""
+    holder = relayed_by = None
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == _HOLDER:
+            holder = value
+        elif lowered == _RELAYED_BY:
+            relayed_by = value
+    return holder, relayed_by or holder
+
+
+class ConnectionPool:
+    """Kept-alive connections to the server at ``url``, filed by the worker each reaches.
+
+    Pass it to `AsyncRemoteEnv` (``pool=``) to let many sessions share a few
+    connections: each request goes on an idle connection of its session's
+    holder if there is one, else on a spare connection of another worker for
+    the server to move (see the module), else on a new connection while fewer
+    than ``max_connections`` are open, else on any idle connection (the server
+    routes it), else it waits for one. A pool belongs to the event loop that
+    first uses it; ``await close()`` when done.
+
+    Example:
+        >>> pool = ConnectionPool("http://127.0.0.1:8000")
+        >>> envs = [await AsyncRemoteEnv.create(pool.url, pool=pool) for _ in range(40)]
+
+    Args:
+        url: The server's base URL (``http://host:port`` or ``https://host[:port]``;
+            a path prefix is the clients' business).
+        max_connections: At most this many connections open at once.
+        timeout: Seconds for connecting and for each reply.
+        ssl_context: TLS settings of an ``https://`` URL (the system's default
+            by default).
+
+    Raises:
+        ValueError: a bad URL, or ``max_connections`` below 1.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 32,
+        timeout: float = 60.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must look like http://host:port or https://host, not {url!r}")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {max_connections}")
+        self.url = url.rstrip("/")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.max_connections = max_connections
+        self.timeout = timeout
+        self.ssl_context = (ssl_context or default_context()) if parts.scheme == "https" else None
+        #: Idle connections by the worker each reaches (``None``: not known yet).
+        self._idle: dict[str | None, list[Http11Connection]] = {}
+        #: Every connection of the pool, idle or lent.
+        self._members: set[Http11Connection] = set()
+        #: Whether offering a spare connection to each holder moved it there last time.
+        self._moves: dict[str, bool] = {}
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        """Connections the pool holds now, idle or lent."""
+        return len(self._members)
+
+    def idle_by_worker(self) -> dict[str | None, int]:
+        """How many idle connections reach each worker (``None``: not known yet)."""
+        return {worker: len(group) for worker, group in self._idle.items() if group}
+
+    def serves(self, scheme: str, host: str, port: int) -> bool:
+        """Whether requests for that origin may go through this pool."""
+        return (scheme, host, port) == (self.scheme, self.host, self.port)
+
+    async def round_trip(
+        self,
+        holder: str | None,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
+    ) -> tuple[ReplyParts, str | None]:
+        """Send one request for a session held by ``holder`` (``None``: not known).
+
+        Returns the reply and the session's holder as the reply names it
+        (``holder`` again if it names none). Raises `TransportFailure` as
+        `Http11Connection.round_trip` does.
+        """
+        connection, offered = await self._acquire(holder)
+        reaches = None
+        try:
+            reply = await connection.round_trip(method, target, headers, body)
+            served_by, reaches = _hints(reply[1])
+        finally:
+            self._release(connection, reaches)
+        if offered and holder is not None:
+            # Whether this server moves a spare connection to a holder that asks.
+            self._moves[holder] = reaches == holder
+        return reply, served_by or holder
+
+    async def close(self) -> None:
+        """Close every connection; lent ones close as they come back."""
+        self._closed = True
+        for group in self._idle.values():
+            for connection in group:
+                connection.close()
+                self._members.discard(connection)
+        self._idle.clear()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        await asyncio.sleep(0)  # lets the transports finish closing their sockets
+
+    async def _acquire(self, holder: str | None) -> tuple[Http11Connection, bool]:
+        """A connection for a request of ``holder``'s session; True if offered it to move."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # Connections of another (finished) loop cannot be used on this one.
+            for connection in self._members:
+                connection.shut_down()
+            self._idle.clear()
+            self._members.clear()
+            self._waiters.clear()
+            self._loop = loop
+        while True:
+            if self._closed:
+                raise TransportFailure(Failure.UNREACHABLE, "the connection pool is closed")
+            if holder is None:
+                # A session's first request may go anywhere: the server places it.
+                idle = self._take_any()
+                if idle is not None:
+                    return idle, False
+            else:
+                idle = self._take(holder) or self._take(None)
+                if idle is not None:
+                    return idle, False
+                if self._moves.get(holder, True):
+                    # A worker's spare connection: with connection handoff (the
+                    # server's default) the holder takes it over, and keeps it.
+                    spare = self._take_spare()
+                    if spare is not None:
+                        return spare, True
+            if len(self._members) < self.max_connections:
+                # A new connection reaches whichever worker accepts it, and its
+                # reply says which.
+                new = Http11Connection(
+                    self.host, self.port, timeout=self.timeout, ssl_context=self.ssl_context
+                )
+                self._members.add(new)
+                return new, False
+            idle = self._take_any()
+            if idle is not None:
+                return idle, False
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _take(self, worker: str | None) -> Http11Connection | None:
+        group = self._idle.get(worker)
+        return group.pop() if group else None
+
+    def _take_spare(self) -> Http11Connection | None:
+        # A worker's second idle connection or more: its sessions keep one.
+        groups = [group for group in self._idle.values() if len(group) > 1]
+        return max(groups, key=len).pop() if groups else None
+
+    def _take_any(self) -> Http11Connection | None:
+        # From the worker with the most idle connections: its sessions keep one.
+        groups = [group for group in self._idle.values() if group]
+        return max(groups, key=len).pop() if groups else None
+
+    def _release(self, connection: Http11Connection, reaches: str | None) -> None:
+        if self._closed or not connection.is_open or connection not in self._members:
+            # Broken, ``Connection: close``, or of a closed pool: its slot frees up.
+            connection.close()
+            self._members.discard(connection)
+        else:
+            self._idle.setdefault(reaches, []).append(connection)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
