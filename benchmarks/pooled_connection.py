@@ -29,6 +29,7 @@ and each ratio is the median of per-round p50 ratios over the 1-worker
 class (the machine is shared and noisy). Every reply's count is checked.
 
     .venv/bin/python benchmarks/pooled_connection.py [--rounds 30] [--batch 200] [--baseline REV]
+        [--pool-only]
 
 ``--baseline REV`` adds a 4-worker server of that commit's code (default
 settings), checked out in a temporary ``git worktree``, to the same rounds.
@@ -262,6 +263,12 @@ def main() -> None:
     )
     parser.add_argument("--no-defaults", action="store_true", help="only the --variant servers")
     parser.add_argument(
+        "--pool-only",
+        action="store_true",
+        help="of the default classes only the 1-worker ones and our ConnectionPool client "
+        "(fewer processes in the run)",
+    )
+    parser.add_argument(
         "--no-floor", action="store_true", help="leave out the plain uvicorn processes"
     )
     parser.add_argument(
@@ -274,7 +281,7 @@ def main() -> None:
     machine = _common.machine()
 
     variants: dict[str, list[str]] = {}
-    if not args.no_defaults:
+    if not args.no_defaults and not args.pool_only:
         variants["handoff on (default)"] = []
         variants["handoff off"] = ["--handoff", "off"]
     for spec in args.variant:
@@ -304,10 +311,11 @@ def main() -> None:
             servers[name] = server
             clients[name] = PooledClient(server, args.sessions)
             stack.callback(clients[name].close)
-        if not args.no_defaults:
+        if not args.no_defaults and not args.pool_only:
             direct = DirectClient(servers["handoff on (default)"], args.sessions, workers)
             stack.callback(direct.close)
             clients[DIRECT] = direct
+        if not args.no_defaults:
             # A server of its own: its /health counts are the pool's alone.
             servers[POOL_MANY] = stack.enter_context(
                 start_server(TARGET, "--debug-worker-header", workers=workers)

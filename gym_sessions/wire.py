@@ -37,7 +37,7 @@ START_BESIDE_HEADER = "x-gym-start-beside"
 #: the worker that served the request (the session's holder).
 DEBUG_WORKER_HEADER = "x-gym-worker"
 
-#: On every reply a worker's app produced for a request it routed (always, not
+#: On every reply a worker's app produced on a server that routes sessions (not
 #: only with the debug header): that worker's id, the session's holder. A hint
 #: for clients that pool connections (`ConnectionPool`), never a credential:
 #: the request still carries its cookie or key and is routed by it.

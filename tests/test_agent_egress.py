@@ -82,7 +82,7 @@ async def _run(agent: CounterAgent, body: dict[str, Any], **settings: Any) -> An
     try:
         return await asgi_request(app, "POST", "/run", json.dumps(body).encode())
     finally:
-        await agent.http_client().close()  # the lifespan would, at shutdown
+        await agent.close_upstreams()  # the lifespan would, at shutdown
 
 
 @pytest.mark.parametrize(

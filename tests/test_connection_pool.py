@@ -189,3 +189,25 @@ async def test_a_closed_pool_refuses_and_a_client_of_another_origin_cannot_use_i
     await pool.close()
     with pytest.raises(TransportFailure, match="closed"):
         await send(pool, "w0", None)
+
+
+def test_the_pool_runs_on_uvloop_as_an_agent_server_does():
+    # uvicorn's workers (the agent's env pools) run on uvloop, whose transports
+    # are no asyncio.Transport and whose connection_made comes after the connect.
+    import uvloop
+
+    async def main() -> list[str | None]:
+        scripted = HintingServer(workers=2)
+        server = await scripted.start()
+        pool = ConnectionPool(scripted.url)
+        try:
+            return [await send(pool, holder, None) for holder in ("w0", "w1", "w0")]
+        finally:
+            await pool.close()
+            server.close()
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == ["w0", "w1", "w0"]
+    finally:
+        loop.close()

@@ -10,7 +10,7 @@ HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
 
 
 def parse(raw: bytes):
-    return _parse_reply(bytearray(raw))
+    return _parse_reply(bytearray(raw), None)
 
 
 def test_a_reply_with_a_length_and_what_follows_it():

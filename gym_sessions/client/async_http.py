@@ -8,8 +8,9 @@ the holder. No cookie jar: the session cookie is kept by hand
 (`HTTPClientBase`), as in the blocking client, so that sessions sharing a host
 never see each other's cookie. Many sessions may share connections instead
 (``pool=``): a `ConnectionPool` sends each request on its session's holder's
-connection (`gym_sessions.client.connection_pool`); the agent server passes
-its aiohttp pool, whose connections, timeouts and ``https`` settings apply.
+connection (`gym_sessions.client.connection_pool`; the agent server's env
+sessions use one per env server); an aiohttp pool may be passed too, whose
+connections, timeouts and ``https`` settings apply.
 
 Like the blocking shell, this module only moves bytes and names how a send
 failed; the rules are `gym_sessions.client.exchange`'s and
@@ -131,6 +132,8 @@ class AsyncHTTPClient(HTTPClientBase):
             raise ValueError(f"the pool is for {pool.url}, not {url}")
         #: The worker holding this client's session, as its last reply named it.
         self.holder: str | None = None
+        if isinstance(pool, ConnectionPool) and pool.max_reply_bytes is not None:
+            self.max_decompressed_reply = pool.max_reply_bytes  # bounded after decompression too
 
     def _connected(self) -> Http11Connection:
         loop = asyncio.get_running_loop()

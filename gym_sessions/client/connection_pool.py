@@ -32,10 +32,12 @@ from urllib.parse import urlsplit
 from gym_sessions.client.exchange import Failure, TransportFailure
 from gym_sessions.client.http11 import Http11Connection, ReplyParts
 from gym_sessions.client.tls import default_context
+from gym_sessions.errors import RefusedReplyError
 from gym_sessions.wire import HOLDER_HEADER, RELAYED_BY_HEADER
 
 __all__ = ["ConnectionPool"]
 
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HOLDER = HOLDER_HEADER.lower()
 _RELAYED_BY = RELAYED_BY_HEADER.lower()
 
@@ -60,8 +62,9 @@ class ConnectionPool:
     holder if there is one, else on a spare connection of another worker for
     the server to move (see the module), else on a new connection while fewer
     than ``max_connections`` are open, else on any idle connection (the server
-    routes it), else it waits for one. A pool belongs to the event loop that
-    first uses it; ``await close()`` when done.
+    routes it), else it waits for one (within ``timeout``). A redirect is
+    refused, never followed (`RefusedReplyError`). A pool belongs to the event
+    loop that first uses it; ``await close()`` when done.
 
     Example:
         >>> pool = ConnectionPool("http://127.0.0.1:8000")
@@ -71,9 +74,13 @@ class ConnectionPool:
         url: The server's base URL (``http://host:port`` or ``https://host[:port]``;
             a path prefix is the clients' business).
         max_connections: At most this many connections open at once.
-        timeout: Seconds for connecting and for each reply.
+        timeout: Seconds for each reply, for a free connection, and for
+            connecting unless ``connect_timeout`` says otherwise.
         ssl_context: TLS settings of an ``https://`` URL (the system's default
             by default).
+        connect_timeout: Seconds for connecting (the TLS handshake included).
+        max_reply_bytes: A reply body larger than this is refused
+            (`RefusedReplyError`); ``None``: no bound.
 
     Raises:
         ValueError: a bad URL, or ``max_connections`` below 1.
@@ -86,6 +93,8 @@ class ConnectionPool:
         max_connections: int = 32,
         timeout: float = 60.0,
         ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float | None = None,
+        max_reply_bytes: int | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -98,6 +107,8 @@ class ConnectionPool:
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.max_connections = max_connections
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.max_reply_bytes = max_reply_bytes
         self.ssl_context = (ssl_context or default_context()) if parts.scheme == "https" else None
         #: Idle connections by the worker each reaches (``None``: not known yet).
         self._idle: dict[str | None, list[Http11Connection]] = {}
@@ -146,6 +157,8 @@ class ConnectionPool:
         if offered and holder is not None:
             # Whether this server moves a spare connection to a holder that asks.
             self._moves[holder] = reaches == holder
+        if reply[0] in _REDIRECTS:
+            raise RefusedReplyError(f"the reply is a redirect ({reply[0]}), never followed")
         return reply, served_by or holder
 
     async def close(self) -> None:
@@ -194,7 +207,12 @@ class ConnectionPool:
                 # A new connection reaches whichever worker accepts it, and its
                 # reply says which.
                 new = Http11Connection(
-                    self.host, self.port, timeout=self.timeout, ssl_context=self.ssl_context
+                    self.host,
+                    self.port,
+                    timeout=self.timeout,
+                    ssl_context=self.ssl_context,
+                    connect_timeout=self.connect_timeout,
+                    max_reply_bytes=self.max_reply_bytes,
                 )
                 self._members.add(new)
                 return new, False
@@ -204,7 +222,10 @@ class ConnectionPool:
             waiter = loop.create_future()
             self._waiters.append(waiter)
             try:
-                await waiter
+                async with asyncio.timeout(self.timeout):
+                    await waiter
+            except TimeoutError as exc:
+                raise TransportFailure(Failure.TIMEOUT, "no pooled connection came free") from exc
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)

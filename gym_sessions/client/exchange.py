@@ -3,7 +3,7 @@
 Every client request goes through a shell that only moves bytes:
 `gym_sessions.client.http.HTTPClient` (blocking),
 `gym_sessions.client.async_http.AsyncHTTPClient` (asyncio: our own HTTP/1.1
-connection, or the aiohttp pool the agent's env sessions pass; `RemoteVectorEnv`
+connection, a shared `ConnectionPool`, or an aiohttp pool; `RemoteVectorEnv`
 uses it too) or `gym_sessions.client.async_websocket.AsyncWebSocketClient`
 (``/ws``). Each shell turns its library's errors into a `TransportFailure` and
 leaves every decision to an `Exchange`, so the rules below are written once:
@@ -234,6 +234,8 @@ class HTTPClientBase:
         self.retries = retries
         self.cookie_name = cookie_name
         self.cookie: str | None = None
+        #: The most a compressed reply may decompress to (a pool's own bound may lower it).
+        self.max_decompressed_reply = MAX_DECOMPRESSED_REPLY
         #: The caller's extra headers, sent with every request.
         self.headers = _checked_headers(headers)
         self._accept_zstd = (
@@ -318,7 +320,7 @@ class Exchange:
         encoding = reply_headers.get("content-encoding", "identity").strip().lower()
         if encoding == compression.ENCODING and compression.available():
             try:
-                body = compression.decompress(body, MAX_DECOMPRESSED_REPLY)
+                body = compression.decompress(body, self.client.max_decompressed_reply)
             except ValueError as exc:
                 raise unreadable_reply_error(status, str(exc), url=url, what=what) from exc
             del reply_headers["content-encoding"]

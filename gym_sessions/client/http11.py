@@ -22,8 +22,10 @@ import contextlib
 import socket
 import ssl
 import time
+from typing import cast
 
 from gym_sessions.client.exchange import Failure, TransportFailure
+from gym_sessions.errors import RefusedReplyError
 
 __all__ = ["IDLE_SECONDS", "Http11Connection"]
 
@@ -36,18 +38,23 @@ _MAX_HEAD_BYTES = 64 * 1024
 ReplyParts = tuple[int, list[tuple[str, str]], bytes]
 
 
+class _TooLarge(ValueError):
+    pass
+
+
 class _ReplyReader(asyncio.Protocol):
     """Buffers what the server sends; `reply` resolves once one whole reply is in."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body_bytes: int | None = None) -> None:
+        self.max_body_bytes = max_body_bytes
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.waiter: asyncio.Future[ReplyParts] | None = None
         self.lost: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's is not an `asyncio.Transport` subclass).
+        self.transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -77,7 +84,11 @@ class _ReplyReader(asyncio.Protocol):
         if waiter is None or waiter.done():
             return
         try:
-            parsed = _parse_reply(self.buffer)
+            parsed = _parse_reply(self.buffer, self.max_body_bytes)
+        except _TooLarge as exc:
+            self.waiter = None
+            waiter.set_exception(RefusedReplyError(f"the reply is larger than {exc} bytes"))
+            return
         except ValueError as exc:
             self.waiter = None
             waiter.set_exception(TransportFailure(Failure.LOST, f"bad reply: {exc}"))
@@ -89,8 +100,12 @@ class _ReplyReader(asyncio.Protocol):
             waiter.set_result(reply)
 
 
-def _parse_reply(buffer: bytearray) -> tuple[ReplyParts, int] | None:
-    """One whole reply at the start of ``buffer`` and its length, or ``None`` if more must come."""
+def _parse_reply(buffer: bytearray, max_body: int | None) -> tuple[ReplyParts, int] | None:
+    """One whole reply at the start of ``buffer`` and its length, or ``None`` if more must come.
+
+    Raises:
+        ValueError: not an HTTP/1.x reply we can read (`_TooLarge`: a body over ``max_body``).
+    """
     end = buffer.find(b"\r\n\r\n")
     if end < 0:
         if len(buffer) > _MAX_HEAD_BYTES:
@@ -117,17 +132,21 @@ def _parse_reply(buffer: bytearray) -> tuple[ReplyParts, int] | None:
     if status in (204, 304) or 100 <= status < 200:
         return (status, headers, b""), start
     if chunked:
-        return _parse_chunked(buffer, start, status, headers)
+        return _parse_chunked(buffer, start, status, headers, max_body)
     if length is None:
         raise ValueError("a reply without Content-Length on a kept-alive connection")
+    if max_body is not None and length > max_body:
+        raise _TooLarge(max_body)
     if len(buffer) - start < length:
         return None
     return (status, headers, bytes(buffer[start : start + length])), start + length
 
 
 def _parse_chunked(
-    buffer: bytearray, at: int, status: int, headers: list[tuple[str, str]]
+    buffer: bytearray, at: int, status: int, headers: list[tuple[str, str]], max_body: int | None
 ) -> tuple[ReplyParts, int] | None:
+    if max_body is not None and len(buffer) - at > max_body + 64 * 1024:
+        raise _TooLarge(max_body)  # more than the body and its chunk lines: never read it all
     body = bytearray()
     while True:
         line_end = buffer.find(b"\r\n", at)
@@ -143,6 +162,8 @@ def _parse_chunked(
         if len(buffer) < at + size + 2:
             return None
         body += buffer[at : at + size]
+        if max_body is not None and len(body) > max_body:
+            raise _TooLarge(max_body)
         at += size + 2
 
 
@@ -152,9 +173,13 @@ class Http11Connection:
     Args:
         host: Server host.
         port: Server port.
-        timeout: Seconds for connecting (the TLS handshake included), and for each reply.
+        timeout: Seconds for each reply, and for connecting (the TLS handshake
+            included) unless ``connect_timeout`` says otherwise.
         keep_alive: Keep the connection between requests.
         ssl_context: Speak TLS with these settings (an ``https`` URL).
+        connect_timeout: Seconds for connecting, if not ``timeout``.
+        max_reply_bytes: A reply body larger than this is refused
+            (`RefusedReplyError`) and the connection dropped; ``None``: no bound.
     """
 
     def __init__(
@@ -165,10 +190,14 @@ class Http11Connection:
         timeout: float,
         keep_alive: bool = True,
         ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float | None = None,
+        max_reply_bytes: int | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
+        self.connect_timeout = timeout if connect_timeout is None else connect_timeout
+        self.max_reply_bytes = max_reply_bytes
         self.keep_alive = keep_alive
         self.ssl_context = ssl_context
         self._host_line = f"Host: {host}:{port}\r\n"
@@ -221,9 +250,12 @@ class Http11Connection:
         if reader is None:
             loop = asyncio.get_running_loop()
             try:
-                async with asyncio.timeout(self.timeout):
-                    _, protocol = await loop.create_connection(
-                        _ReplyReader, self.host, self.port, ssl=self.ssl_context
+                async with asyncio.timeout(self.connect_timeout):
+                    transport, protocol = await loop.create_connection(
+                        lambda: _ReplyReader(self.max_reply_bytes),
+                        self.host,
+                        self.port,
+                        ssl=self.ssl_context,
                     )
             except TimeoutError as exc:
                 raise TransportFailure(Failure.UNREACHABLE, "connect timed out") from exc
@@ -232,6 +264,8 @@ class Http11Connection:
                     Failure.UNREACHABLE,
                     f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}",
                 ) from exc
+            # uvloop calls `connection_made` soon after, not before this returns.
+            protocol.transport = transport
             reader = self._reader = protocol
         return reader
 

@@ -308,8 +308,9 @@ class SessionRouter:
         self.worker_header = (
             (WORKER_HEADER, claims.worker_id.encode()) if debug_worker_header else None
         )
-        # Always on: a pooling client's hint of where each session lives (`worker_hints`).
-        self.holder_hint = holder_hint(claims.worker_id)
+        # A pooling client's hint of where each session lives (`worker_hints`), whenever
+        # sessions are routed: unrouted workers hold nothing another could reach.
+        self.holder_hint = holder_hint(claims.worker_id) if forwarder is not None else None
         self.relayed_by_hint = relayed_by_hint(claims.worker_id)
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
@@ -855,8 +856,9 @@ class SessionRouter:
                 if self.snapshots is not None:
                     # Before the reply leaves: what the client sees is what a restore gives.
                     await self.snapshots.after_request(sid, held=held)
-                extra = [h for h in (cookie, self.worker_header) if h is not None]
-                message["headers"] = [*message.get("headers", []), self.holder_hint, *extra]
+                extra = [h for h in (cookie, self.holder_hint, self.worker_header) if h]
+                if extra:
+                    message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         routed.body = body  # for `read_json`: the body is not read twice

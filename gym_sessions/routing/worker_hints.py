@@ -1,7 +1,8 @@
 """The reply headers that tell a pooling client which worker reads a connection.
 
-Every reply a worker's app produces for a routed request carries
-`HOLDER_HEADER` with the worker's id (the session's holder); a reply relayed
+On a server that routes sessions (more than one worker, routing on), every
+reply a worker's app produces carries `HOLDER_HEADER` with the worker's id
+(the session's holder); a reply relayed
 from the holder also carries `RELAYED_BY_HEADER` with the relaying worker's id,
 because the client's connection stays with that worker. A client that keeps a
 connection per worker (`gym_sessions.client.connection_pool`) sends each

@@ -28,7 +28,11 @@ the session to that episode (`gym_sessions.server.episodes`).
 What the agent may call is fixed when it starts (`Settings.allowed_envs`,
 `Settings.allowed_models`): a body names an env server by name or exact URL
 (`env_url`), resolved before anything is sent (`AgentServer.env_url`), and the
-shared pool refuses every other URL (`gym_sessions.server.egress`).
+shared pool refuses every other URL (`gym_sessions.server.egress`). Env
+sessions go through a `ConnectionPool` per allowed env server
+(`AgentServer.env_pool`), which sends each session's requests on a connection
+of the env worker that holds it, with the same bounds (reply size, no
+redirect, timeouts).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     EnvError,
@@ -117,6 +122,10 @@ class _FailedSeed:
     retry_at: float
 
 
+#: Connections to each env server (the aiohttp pool's limit for all upstreams).
+_ENV_POOL_CONNECTIONS = 256
+
+
 class AgentServer(SessionServer):
     """Base of agent servers: subclasses choose the policy and the agent-session hooks."""
 
@@ -134,6 +143,7 @@ class AgentServer(SessionServer):
         self._receipts: dict[str, tuple[dict[str, Any], float]] = {}
         self._failed: dict[str, _FailedSeed] = {}
         self._http: aiohttp.ClientSession | None = None
+        self._env_pools: dict[str, ConnectionPool] = {}
         self._spaces: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._expiring: set[asyncio.Future[None]] = set()
@@ -278,7 +288,8 @@ class AgentServer(SessionServer):
         Raises:
             ForbiddenTargetError: it names no env server this agent may call.
         """
-        env = EnvSession(self.http_client(), self.env_url(body["env_url"]))
+        url = self.env_url(body["env_url"])
+        env = EnvSession(self.env_pool(url), url)
         spaces = self._spaces.get(env.url) or await env.spaces()
         self._spaces[env.url] = spaces
         policy = self.make_policy(body, spaces)
@@ -446,8 +457,7 @@ class AgentServer(SessionServer):
                 except Exception:  # keep expiring later records
                     logger.exception("expiring agent records failed")
         finally:
-            if self._http is not None:
-                await self._http.close()
+            await self.close_upstreams()
 
     async def _expire_records(self) -> None:
         now = time.monotonic()
@@ -476,7 +486,7 @@ class AgentServer(SessionServer):
             self.claims.release_now(sid)
 
     def http_client(self) -> aiohttp.ClientSession:
-        """The agent's shared aiohttp pool (for env servers and model servers).
+        """The agent's shared aiohttp pool (model servers; env sessions use `env_pool`).
 
         It calls only URLs under the allowed upstreams (`may_call`), follows no
         redirect and reads at most ``upstream_max_reply_bytes`` of a reply
@@ -490,6 +500,34 @@ class AgentServer(SessionServer):
                 total_timeout=self.settings.upstream_timeout,
             )
         return self._http
+
+    def env_pool(self, url: str) -> ConnectionPool:
+        """The connections to env server ``url`` (an allowed one, `env_url`), shared by runs.
+
+        Each env session's requests go on a connection of the env worker that
+        holds it (`ConnectionPool`), so a busy agent's requests do not hop
+        between the env server's workers. Bounded as the aiohttp pool is: at
+        most ``upstream_max_reply_bytes`` of a reply, no redirect, the
+        upstream timeouts.
+        """
+        pool = self._env_pools.get(url)
+        if pool is None:
+            pool = self._env_pools[url] = ConnectionPool(
+                url,
+                max_connections=_ENV_POOL_CONNECTIONS,
+                timeout=self.settings.upstream_timeout,
+                connect_timeout=self.settings.upstream_connect_timeout,
+                max_reply_bytes=self.settings.upstream_max_reply_bytes,
+            )
+        return pool
+
+    async def close_upstreams(self) -> None:
+        """Close the pools to env and model servers (a later call opens new ones)."""
+        pools, self._env_pools = self._env_pools, {}
+        for pool in pools.values():
+            await pool.close()
+        if self._http is not None:
+            await self._http.close()
 
     def _attach(
         self, settings: Settings, claims: OwnedClaims, credentials: SessionCredentials

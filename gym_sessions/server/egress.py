@@ -1,7 +1,9 @@
 """The agent server's HTTP pool: it calls only the allowed upstreams and reads bounded replies.
 
-Every outbound call of an agent server goes through one aiohttp session
-(`AgentServer.http_client`), made by `egress_session`:
+Every outbound call of an agent server to a model server, and any call of an
+agent's own code, goes through one aiohttp session (`AgentServer.http_client`),
+made by `egress_session` (env sessions use a `ConnectionPool` per allowed env
+server instead, `AgentServer.env_pool`, with the same bounds):
 
 - its connector refuses a URL under no allowed upstream before it opens or
   reuses any connection (`ForbiddenTargetError`, 400 ``forbidden_target``);

@@ -1,7 +1,7 @@
 """An agent's handle on one session of an environment (resources) server.
 
 It sends through the clients' HTTP layer (`gym_sessions.client.async_http`,
-over the agent's shared aiohttp pool), so it carries the session cookie, resends
+over the agent's `ConnectionPool` for that env server), so it carries the session cookie, resends
 what is safe to resend after a lost reply and recovers a lost ``/step`` reply
 exactly as `AsyncRemoteEnv` does (`gym_sessions.client.exchange`,
 `gym_sessions.client.step_recovery`). It names the session with an id it picks
@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from gym_sessions.client.async_http import AsyncHTTPClient
+from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.client.exchange import Request
 from gym_sessions.client.protocol import (
     SPACES_REQUEST,
@@ -77,14 +78,15 @@ class EnvSession:
     """One session on the env server at ``url``.
 
     Args:
-        client: The agent's shared aiohttp session (its cookie jar is not used).
+        client: The agent's connections to the env server (`AgentServer.env_pool`),
+            or an aiohttp session (its cookie jar is not used).
         url: The env server's base URL.
 
     Raises:
         BadGatewayError: ``url`` is not an ``http(s)://host:port`` URL.
     """
 
-    def __init__(self, client: aiohttp.ClientSession, url: str) -> None:
+    def __init__(self, client: ConnectionPool | aiohttp.ClientSession, url: str) -> None:
         self.url = url.rstrip("/")
         try:
             self._http = AsyncHTTPClient(self.url, pool=client)

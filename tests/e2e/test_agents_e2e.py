@@ -48,9 +48,12 @@ def test_200_runs_with_a_model_at_4_and_4_workers(serve):
 
 
 def test_runs_fail_when_the_env_server_does_not_route(serve):
+    # The same runs as above: between its env requests each run waits for the
+    # model, so the agent's pooled connections carry every session in turn.
     env = serve(ENV, "--no-routing", workers=4)
-    agent = serve(AGENT, "--allow-env", env.url, workers=4)
-    results = asyncio.run(run_all(agent.url, env.url, 200))
+    model = serve("tests.e2e.fake_model:app")
+    agent = serve(AGENT, "--allow-env", env.url, "--allow-model", model.url, workers=4)
+    results = asyncio.run(run_all(agent.url, env.url, 200, model.url))
     correct = sum(1 for status, data in results if status == 200 and data["reward"] == 1.0)
     print(f"\n/run with the env server at 4 workers, --no-routing: {correct} of 200 scored 1.0")
     assert correct < 190
