@@ -211,3 +211,15 @@ def test_the_pool_runs_on_uvloop_as_an_agent_server_does():
         assert loop.run_until_complete(main()) == ["w0", "w1", "w0"]
     finally:
         loop.close()
+
+
+async def test_a_holder_no_connection_reaches_stops_the_pool_growing_after_a_few_misses(hinting):
+    # A session held on another host: connections to this URL never reach its
+    # worker. The pool gives up opening connections for it, well below its bound.
+    server = await hinting(workers=2)
+    pool = ConnectionPool(server.url, max_connections=32)
+    for _ in range(30):
+        assert await send(pool, "far", "far") == "far"
+    assert pool.open_connections <= 8
+    assert all(s.reached != "far" for s in server.served)
+    await pool.close()

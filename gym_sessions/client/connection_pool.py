@@ -11,8 +11,10 @@ holder has none, the request goes on a spare connection of another worker (one
 that worker does not need: it has another idle), which a server with
 connection handoff (its default on one host) moves to the holder for good;
 where the server does not move it (no handoff, or another host), on a new
-connection instead, which reaches whichever worker accepts it. Either way the
-pool settles with a connection on each holder, and from then on no request
+connection instead, which reaches whichever worker accepts it (a few misses in
+a row and the pool stops trying for that holder: it may be another host's
+worker, which no connection to this URL reaches). Either way the pool settles
+with a connection on each holder it can reach, and from then on no request
 hops.
 
 The hints only choose a connection. Every request still carries its session
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import ssl
 from urllib.parse import urlsplit
 
@@ -38,8 +41,19 @@ from gym_sessions.wire import HOLDER_HEADER, RELAYED_BY_HEADER
 __all__ = ["ConnectionPool"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+#: New connections in a row that may miss a holder before the pool stops opening
+#: more for it (at 4 workers and even accepts, 8 misses in a row: 1 in 10).
+_MAX_MISSES = 8
 _HOLDER = HOLDER_HEADER.lower()
 _RELAYED_BY = RELAYED_BY_HEADER.lower()
+
+
+class _Try(enum.Enum):
+    """How a connection was chosen for a request."""
+
+    IDLE = "an idle connection (the holder's, if it has one)"
+    SPARE = "another worker's spare connection, for the server to move"
+    NEW = "a new connection"
 
 
 def _hints(headers: list[tuple[str, str]]) -> tuple[str | None, str | None]:
@@ -116,6 +130,8 @@ class ConnectionPool:
         self._members: set[Http11Connection] = set()
         #: Whether offering a spare connection to each holder moved it there last time.
         self._moves: dict[str, bool] = {}
+        #: New connections in a row that did not reach each holder.
+        self._misses: dict[str, int] = {}
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -147,16 +163,20 @@ class ConnectionPool:
         (``holder`` again if it names none). Raises `TransportFailure` as
         `Http11Connection.round_trip` does.
         """
-        connection, offered = await self._acquire(holder)
+        connection, tried = await self._acquire(holder)
         reaches = None
         try:
             reply = await connection.round_trip(method, target, headers, body)
             served_by, reaches = _hints(reply[1])
         finally:
             self._release(connection, reaches)
-        if offered and holder is not None:
+        if holder is not None and tried is _Try.SPARE:
             # Whether this server moves a spare connection to a holder that asks.
             self._moves[holder] = reaches == holder
+        elif holder is not None and tried is _Try.NEW:
+            # A holder no new connection reaches (another host's worker, say) is
+            # given up on after a few, so the pool does not grow to its bound.
+            self._misses[holder] = 0 if reaches == holder else self._misses.get(holder, 0) + 1
         if reply[0] in _REDIRECTS:
             raise RefusedReplyError(f"the reply is a redirect ({reply[0]}), never followed")
         return reply, served_by or holder
@@ -174,8 +194,8 @@ class ConnectionPool:
                 waiter.set_result(None)
         await asyncio.sleep(0)  # lets the transports finish closing their sockets
 
-    async def _acquire(self, holder: str | None) -> tuple[Http11Connection, bool]:
-        """A connection for a request of ``holder``'s session; True if offered it to move."""
+    async def _acquire(self, holder: str | None) -> tuple[Http11Connection, _Try]:
+        """A connection for a request of ``holder``'s session, and what was tried with it."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             # Connections of another (finished) loop cannot be used on this one.
@@ -192,18 +212,20 @@ class ConnectionPool:
                 # A session's first request may go anywhere: the server places it.
                 idle = self._take_any()
                 if idle is not None:
-                    return idle, False
+                    return idle, _Try.IDLE
             else:
                 idle = self._take(holder) or self._take(None)
                 if idle is not None:
-                    return idle, False
+                    return idle, _Try.IDLE
                 if self._moves.get(holder, True):
                     # A worker's spare connection: with connection handoff (the
                     # server's default) the holder takes it over, and keeps it.
                     spare = self._take_spare()
                     if spare is not None:
-                        return spare, True
-            if len(self._members) < self.max_connections:
+                        return spare, _Try.SPARE
+            if len(self._members) < self.max_connections and (
+                holder is None or self._misses.get(holder, 0) < _MAX_MISSES
+            ):
                 # A new connection reaches whichever worker accepts it, and its
                 # reply says which.
                 new = Http11Connection(
@@ -215,10 +237,10 @@ class ConnectionPool:
                     max_reply_bytes=self.max_reply_bytes,
                 )
                 self._members.add(new)
-                return new, False
+                return new, _Try.NEW
             idle = self._take_any()
             if idle is not None:
-                return idle, False
+                return idle, _Try.IDLE
             waiter = loop.create_future()
             self._waiters.append(waiter)
             try:
