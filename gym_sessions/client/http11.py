@@ -139,7 +139,9 @@ def _parse_reply(buffer: bytearray, max_body: int | None) -> tuple[ReplyParts, i
         raise _TooLarge(max_body)
     if len(buffer) - start < length:
         return None
-    return (status, headers, bytes(buffer[start : start + length])), start + length
+    with memoryview(buffer) as view:  # one copy of the body, not two (a frame is 100 KB)
+        body = bytes(view[start : start + length])
+    return (status, headers, body), start + length
 
 
 def _parse_chunked(
@@ -161,7 +163,8 @@ def _parse_chunked(
             return (status, headers, bytes(body)), trailer_end + 4
         if len(buffer) < at + size + 2:
             return None
-        body += buffer[at : at + size]
+        with memoryview(buffer) as view:
+            body += view[at : at + size]
         if max_body is not None and len(body) > max_body:
             raise _TooLarge(max_body)
         at += size + 2
