@@ -261,6 +261,20 @@ async def test_the_pool_refuses_a_url_under_no_allowed_upstream(probed, upstream
     assert service.connections == 0
 
 
+async def test_an_env_pool_is_made_for_allowed_env_servers_only(probed):
+    """The env sessions' pools (`AgentServer.env_pool`) have the same backstop."""
+    service, url = probed
+    agent = CounterAgent()
+    allowed = "http://127.0.0.1:1/env"
+    WorkerApp(agent, Settings(secret=SECRET, allowed_envs=(allowed,), **QUICK))
+    for target in (url, "http://127.0.0.1:1/other", "http://127.0.0.1:1/env/../x"):
+        with pytest.raises(ForbiddenTargetError):
+            agent.env_pool(target)
+    assert agent.env_pool(allowed) is agent.env_pool(allowed)  # one per env server
+    await agent.close_upstreams()
+    assert service.connections == 0
+
+
 def _redirecting(location: str) -> Handler:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")

@@ -39,6 +39,8 @@ class HintingServer:
     delay: float = 0.0
     close_after: set[int] = field(default_factory=set)  # request numbers to drop
     accept: list[str] = field(default_factory=list)  # workers of the first connections
+    junk_after: set[int] = field(default_factory=set)  # requests answered with a reply too many
+    seen: int = 0  # requests read so far
     served: list[Served] = field(default_factory=list)
     open_now: int = 0
     most_open: int = 0
@@ -46,7 +48,6 @@ class HintingServer:
 
     async def start(self) -> asyncio.Server:
         accepted = itertools.count()
-        requests = itertools.count()
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             number = next(accepted)
@@ -62,7 +63,8 @@ class HintingServer:
                         line.split(": ", 1) for line in head.decode().split("\r\n")[1:] if line
                     )
                     await reader.readexactly(int(fields.get("Content-Length", 0)))
-                    if next(requests) in self.close_after:
+                    number, self.seen = self.seen, self.seen + 1
+                    if number in self.close_after:
                         return
                     holder = fields["x-holder"]
                     if self.moves and holder != worker and requests_here > 0:
@@ -73,9 +75,11 @@ class HintingServer:
                     hints = f"{HOLDER_HEADER}: {holder}\r\n"
                     if worker != holder:
                         hints += f"{RELAYED_BY_HEADER}: {worker}\r\n"
-                    writer.write(
-                        f"HTTP/1.1 200 OK\r\n{hints}Content-Length: 2\r\n\r\n{{}}".encode()
-                    )
+                    reply = f"HTTP/1.1 200 OK\r\n{hints}Content-Length: 2\r\n\r\n{{}}"
+                    if number in self.junk_after:  # in the same write: one more reply
+                        reply += f"HTTP/1.1 200 OK\r\n{HOLDER_HEADER}: junk\r\n"
+                        reply += "Content-Length: 2\r\n\r\n{}"
+                    writer.write(reply.encode())
                     await writer.drain()
             except (asyncio.IncompleteReadError, ConnectionError):
                 pass
@@ -201,14 +205,18 @@ def test_the_pool_runs_on_uvloop_as_an_agent_server_does():
         server = await scripted.start()
         pool = ConnectionPool(scripted.url)
         try:
-            return [await send(pool, holder, None) for holder in ("w0", "w1", "w0")]
+            learned = [await send(pool, "w0", None)]
+            learned += [await send(pool, holder, holder) for holder in ("w1", "w0", "w1")]
+            assert [s.reached for s in scripted.served] == ["w0", "w1", "w0", "w1"]
+            assert pool.open_connections == 2
+            return learned
         finally:
             await pool.close()
             server.close()
 
     loop = uvloop.new_event_loop()
     try:
-        assert loop.run_until_complete(main()) == ["w0", "w1", "w0"]
+        assert loop.run_until_complete(main()) == ["w0", "w1", "w0", "w1"]
     finally:
         loop.close()
 
@@ -222,4 +230,46 @@ async def test_a_holder_no_connection_reaches_stops_the_pool_growing_after_a_few
         assert await send(pool, "far", "far") == "far"
     assert pool.open_connections <= 8
     assert all(s.reached != "far" for s in server.served)
+    await pool.close()
+
+
+async def test_bytes_after_a_reply_drop_the_connection_and_never_answer_the_next_request(hinting):
+    # A server that answers one request with two replies: on a shared connection
+    # the second would be read as another session's reply. The pool drops it.
+    server = await hinting(workers=1, junk_after={0})
+    pool = ConnectionPool(server.url)
+    assert await send(pool, "w0", None) == "w0"
+    assert pool.open_connections == 0
+    assert await send(pool, "w0", "w0") == "w0"  # on a new connection, its own reply
+    assert len(server.served) == 2
+    await pool.close()
+
+
+async def test_a_woken_waiter_that_is_cancelled_passes_its_turn_to_the_next(hinting):
+    # The race of a release and a cancel, made exact: the connection comes back
+    # (waking B) and B is cancelled before it runs; C must get the connection.
+    server = await hinting(workers=1)
+    pool = ConnectionPool(server.url, max_connections=1, timeout=5)
+    connection, _ = await pool._acquire("w0")
+    waiting_b = asyncio.create_task(send(pool, "w0", "w0"))
+    waiting_c = asyncio.create_task(send(pool, "w0", "w0"))
+    await asyncio.sleep(0.05)
+    pool._release(connection, None)
+    waiting_b.cancel()
+    assert await asyncio.wait_for(waiting_c, 2) == "w0"
+    with pytest.raises(asyncio.CancelledError):
+        await waiting_b
+    await pool.close()
+
+
+async def test_a_holder_given_up_on_still_gets_a_connection_when_none_is_left(hinting):
+    server = await hinting(workers=2)
+    pool = ConnectionPool(server.url, timeout=2)
+    for _ in range(30):  # "far" is missed until the pool stops opening for it
+        await send(pool, "far", "far")
+    server.close_after.update(range(server.seen, server.seen + pool.open_connections))
+    while pool.open_connections:  # the server drops each: the pool has none left
+        with pytest.raises(TransportFailure):
+            await send(pool, "far", "far")
+    assert await asyncio.wait_for(send(pool, "far", "far"), 1) == "far"
     await pool.close()

@@ -198,13 +198,9 @@ class ConnectionPool:
         """A connection for a request of ``holder``'s session, and what was tried with it."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            # Connections of another (finished) loop cannot be used on this one.
-            for connection in self._members:
-                connection.shut_down()
-            self._idle.clear()
-            self._members.clear()
-            self._waiters.clear()
-            self._loop = loop
+            self._move_to(loop)
+        deadline: float | None = None
+        woken = False
         while True:
             if self._closed:
                 raise TransportFailure(Failure.UNREACHABLE, "the connection pool is closed")
@@ -223,34 +219,69 @@ class ConnectionPool:
                     spare = self._take_spare()
                     if spare is not None:
                         return spare, _Try.SPARE
-            if len(self._members) < self.max_connections and (
-                holder is None or self._misses.get(holder, 0) < _MAX_MISSES
-            ):
+            room = len(self._members) < self.max_connections
+            if room and (holder is None or self._misses.get(holder, 0) < _MAX_MISSES):
                 # A new connection reaches whichever worker accepts it, and its
                 # reply says which.
-                new = Http11Connection(
-                    self.host,
-                    self.port,
-                    timeout=self.timeout,
-                    ssl_context=self.ssl_context,
-                    connect_timeout=self.connect_timeout,
-                    max_reply_bytes=self.max_reply_bytes,
-                )
-                self._members.add(new)
-                return new, _Try.NEW
+                return self._new_connection(), _Try.NEW
             idle = self._take_any()
             if idle is not None:
                 return idle, _Try.IDLE
+            if room:  # nothing idle: a holder given up on still gets a connection
+                return self._new_connection(), _Try.NEW
+            if deadline is None:
+                deadline = loop.time() + self.timeout  # one bound for the whole wait
             waiter = loop.create_future()
-            self._waiters.append(waiter)
+            if woken:
+                self._waiters.appendleft(waiter)  # taken from under it: first in line again
+            else:
+                self._waiters.append(waiter)
             try:
-                async with asyncio.timeout(self.timeout):
+                async with asyncio.timeout_at(deadline):
                     await waiter
-            except TimeoutError as exc:
-                raise TransportFailure(Failure.TIMEOUT, "no pooled connection came free") from exc
-            finally:
+            except BaseException as exc:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
+                elif waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken but leaving: the turn passes on
+                if isinstance(exc, TimeoutError):
+                    raise TransportFailure(
+                        Failure.TIMEOUT, "no pooled connection came free"
+                    ) from exc
+                raise
+            woken = True
+
+    def _new_connection(self) -> Http11Connection:
+        connection = Http11Connection(
+            self.host,
+            self.port,
+            timeout=self.timeout,
+            ssl_context=self.ssl_context,
+            connect_timeout=self.connect_timeout,
+            max_reply_bytes=self.max_reply_bytes,
+        )
+        self._members.add(connection)
+        return connection
+
+    def _move_to(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start over on ``loop``: the connections of a finished loop cannot be used."""
+        if self._loop is not None and not self._loop.is_closed() and self._loop.is_running():
+            raise RuntimeError("a ConnectionPool is used from one event loop at a time")
+        for connection in self._members:
+            connection.shut_down()
+        self._idle.clear()
+        self._members.clear()
+        self._waiters.clear()
+        self._moves.clear()
+        self._misses.clear()
+        self._loop = loop
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def _take(self, worker: str | None) -> Http11Connection | None:
         group = self._idle.get(worker)
@@ -273,8 +304,4 @@ class ConnectionPool:
             self._members.discard(connection)
         else:
             self._idle.setdefault(reaches, []).append(connection)
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                break
+        self._wake_one()

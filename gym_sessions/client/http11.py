@@ -57,8 +57,21 @@ class _ReplyReader(asyncio.Protocol):
         self.transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.waiter is None:
+            # Bytes no request asked for (while idle, or after a whole reply): the
+            # connection is out of step, and the next request could read them as
+            # its reply. Drop it; the pool or the client opens a new one.
+            self._out_of_step("the server sent bytes no request asked for")
+            return
         self.buffer += data
         self._deliver()
+
+    def _out_of_step(self, reason: str) -> None:
+        if self.lost is None:
+            self.lost = reason
+        self.buffer.clear()
+        if self.transport is not None:
+            self.transport.close()
 
     def eof_received(self) -> bool | None:
         self.connection_lost(None)
@@ -98,6 +111,8 @@ class _ReplyReader(asyncio.Protocol):
             reply, used = parsed
             del self.buffer[:used]
             waiter.set_result(reply)
+            if self.buffer:
+                self._out_of_step("the server sent more than the reply")
 
 
 def _parse_reply(buffer: bytearray, max_body: int | None) -> tuple[ReplyParts, int] | None:
@@ -126,6 +141,8 @@ def _parse_reply(buffer: bytearray, max_body: int | None) -> tuple[ReplyParts, i
         lowered = name.lower()
         if lowered == "content-length":
             length = int(value)
+            if length < 0:
+                raise ValueError(f"a negative Content-Length: {value}")
         elif lowered == "transfer-encoding" and "chunked" in value.lower():
             chunked = True
     start = end + 4

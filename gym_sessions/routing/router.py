@@ -856,7 +856,10 @@ class SessionRouter:
                 if self.snapshots is not None:
                     # Before the reply leaves: what the client sees is what a restore gives.
                     await self.snapshots.after_request(sid, held=held)
-                extra = [h for h in (cookie, self.holder_hint, self.worker_header) if h]
+                # Only a reply about a session this worker holds names it as the holder
+                # (not /health or /spaces: a session-less request holds nothing).
+                hint = self.holder_hint if held else None
+                extra = [h for h in (cookie, hint, self.worker_header) if h]
                 if extra:
                     message["headers"] = [*message.get("headers", []), *extra]
             await send(message)

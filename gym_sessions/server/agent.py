@@ -56,6 +56,7 @@ from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.credentials import SessionCredentials
 from gym_sessions.errors import (
     EnvError,
+    ForbiddenTargetError,
     HTTPError,
     SessionClosedError,
     SessionConflictError,
@@ -507,11 +508,19 @@ class AgentServer(SessionServer):
         Each env session's requests go on a connection of the env worker that
         holds it (`ConnectionPool`), so a busy agent's requests do not hop
         between the env server's workers. Bounded as the aiohttp pool is: at
-        most ``upstream_max_reply_bytes`` of a reply, no redirect, the
-        upstream timeouts.
+        most ``upstream_max_reply_bytes`` of a reply (after decompression
+        too), no redirect; ``upstream_connect_timeout`` per connect,
+        ``upstream_timeout`` per reply and for a free connection; up to 256
+        connections per env server.
+
+        Raises:
+            ForbiddenTargetError: ``url`` is under no allowed env server.
         """
         pool = self._env_pools.get(url)
         if pool is None:
+            if not self.env_targets.covers(url):
+                # The backstop the aiohttp pool's connector is for model servers.
+                raise ForbiddenTargetError(f"{url} is not an env server this agent may call")
             pool = self._env_pools[url] = ConnectionPool(
                 url,
                 max_connections=_ENV_POOL_CONNECTIONS,

@@ -337,7 +337,9 @@ async def test_a_pool_smaller_than_the_workers_relays_and_every_count_is_exact(s
     try:
         for env in envs:
             await env.reset()
+        before = _totals(server.url)["hopped"]
         await _step_round_robin(envs, counts, rounds=4)
+        assert _totals(server.url)["hopped"] > before  # two connections cannot reach four
         steps = [env.step(1) for env in envs]  # all at once: some wait for a connection
         for k, (observation, *_) in enumerate(await asyncio.gather(*steps)):
             counts[k] += 1

@@ -22,24 +22,31 @@ async def test_a_reply_names_its_holder_and_a_relayed_one_its_relay(start_cluste
     c = await start_clusters(counter_server, 2)
     start = await c[0].request("POST", "/reset", {"resources_session_id": new_id()})
     assert start.status == 200
-    assert start.headers[HOLDER_HEADER] == c[0].id
+    assert start.headers.getall(HOLDER_HEADER) == [c[0].id]
     assert RELAYED_BY_HEADER not in start.headers
 
     here = await c[0].request("POST", "/step", {"action": 1}, cookie=start.cookie)
-    assert here.headers[HOLDER_HEADER] == c[0].id
+    assert here.headers.getall(HOLDER_HEADER) == [c[0].id]
     assert RELAYED_BY_HEADER not in here.headers
 
     elsewhere = await c[1].request("POST", "/step", {"action": 1}, cookie=start.cookie)
     assert elsewhere.status == 200 and elsewhere.json["observation"] == 2
-    assert elsewhere.headers[HOLDER_HEADER] == c[0].id
+    assert elsewhere.headers.getall(HOLDER_HEADER) == [c[0].id]
     assert_reached_by(c, elsewhere, c[1])
+
+    # A request naming no session holds nothing: no holder to name.
+    for path in ("/health", "/spaces"):
+        reply = await c[1].request("GET", path)
+        assert reply.status == 200 and HOLDER_HEADER not in reply.headers
 
 
 def assert_reached_by(c, reply, receiver) -> None:
     """The reply says which worker the connection now reaches: the holder once
-    handed over (handoff on), else the worker that received and relayed it."""
+    handed over (handoff on: the holder itself answered), else the worker that
+    received and relayed it."""
     if receiver.app.handoff is not None:
         assert RELAYED_BY_HEADER not in reply.headers
+        assert receiver.app.router.deliveries.handed_over >= 1
     else:
         assert reply.headers.getall(RELAYED_BY_HEADER) == [receiver.id]
 
@@ -51,7 +58,7 @@ async def test_an_error_the_holder_sends_names_it_and_a_hint_never_routes(start_
     forged = {HOLDER_HEADER: c[1].id, RELAYED_BY_HEADER: c[1].id}
     bad = await c[1].request("POST", "/step", {"action": 99}, cookie=start.cookie, headers=forged)
     assert bad.status == 400
-    assert bad.headers[HOLDER_HEADER] == c[0].id
+    assert bad.headers.getall(HOLDER_HEADER) == [c[0].id]
     assert_reached_by(c, bad, c[1])
     step = await c[1].request("POST", "/step", {"action": 1}, cookie=start.cookie, headers=forged)
     assert step.status == 200 and step.json["observation"] == 1
