@@ -30,14 +30,16 @@ def no_sdl_environment(monkeypatch):
 
 def test_headless_workers_render_without_sdl_warnings(serve, no_sdl_environment):
     server = serve("CartPole-v1", workers=2)
-    workers = set()
+    envs = []
     for _ in range(6):
         env = gym.make("gym_sessions/Remote-v0", url=server.url, render_mode="rgb_array")
+        envs.append(env)  # kept open: placement then starts the next on the emptier worker
         env.reset(seed=0)
         env.step(0)
         frame = env.render()
         assert frame.shape == (400, 600, 3) and frame.std() > 0
-        workers.add(env.unwrapped.worker)
+    workers = {env.unwrapped.worker for env in envs}
+    for env in envs:
         env.close()
     assert len(workers) == 2  # every worker rendered
     server.stop()
