@@ -239,18 +239,17 @@ class Http11Connection:
             head.append("\r\n")
             loop = asyncio.get_running_loop()
             waiter = reader.expect(loop)
-            reader.transport.write("".join(head).encode("latin-1") + body)
             try:
+                reader.transport.write("".join(head).encode("latin-1") + body)
                 async with asyncio.timeout(self.timeout):
                     status, reply_headers, reply_body = await waiter
             except TimeoutError as exc:
-                self.close()  # its reply may still come: never read it as the next one's
+                self._abandon(waiter)  # its reply may still come: never read it as the next one's
                 raise TransportFailure.of(Failure.TIMEOUT, exc) from exc
-            except TransportFailure:
-                self.close()
-                raise
             except BaseException:
-                self.close()  # cancelled mid-exchange: the connection is out of step
+                # A failure, or interrupted mid-exchange (cancelled, SystemExit before
+                # the await): the connection is out of step.
+                self._abandon(waiter)
                 raise
             if not self.keep_alive or any(
                 name.lower() == "connection" and value.lower() == "close"
@@ -294,6 +293,11 @@ class Http11Connection:
         """Whether the connection is up and usable for the next request."""
         reader = self._reader
         return reader is not None and reader.lost is None
+
+    def _abandon(self, waiter: asyncio.Future[ReplyParts]) -> None:
+        if not waiter.done():
+            waiter.cancel()  # nobody will read what it gets ("exception never retrieved")
+        self.close()
 
     def shut_down(self) -> None:
         """End the connection without its loop (which has closed): shut the socket down."""

@@ -12,7 +12,10 @@ Python's default, `hold` puts a handler in its place that raises
 reports for a process SIGTERM ended): the stack unwinds as on Ctrl-C, quietly
 (``SystemExit`` prints no traceback), and the exit closes the sessions. The
 handler puts the default back before it raises, so a second SIGTERM (or one
-during the exit's closes) ends the process at once, as before.
+during the exit's closes) ends the process at once, as before. Inside a
+running event loop (`AsyncRemoteEnv`, a vector env's step) it raises from a
+callback of that loop instead, at once: between callbacks every task waits
+at an ``await``, so the unwinding never starts halfway through a step's code.
 
 Python drops an exception raised where it cannot propagate: in a finalizer
 (an ``HTTPResponse`` closed as it is collected, a ``__del__``, a weakref
@@ -40,6 +43,7 @@ the default at once.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -121,5 +125,27 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if not ours or not _held:
         os.kill(os.getpid(), signum)  # ends the process as the default would
         return
+    loop = _running_loop()
+    if loop is not None:
+        # Inside a running event loop (an async client, a vector env's step): raise
+        # from one of its callbacks, where every task waits at an ``await``, not
+        # at whatever bytecode the signal interrupted (a coroutine made and never
+        # awaited, a reply half read), as asyncio.run does for Ctrl-C. Until then
+        # `stop_if_terminated` stays quiet: one SystemExit, from one place.
+        loop.call_soon_threadsafe(_exit)
+        return
     _terminated = os.getpid()
     raise SystemExit(EXIT_STATUS)
+
+
+def _exit() -> None:
+    global _terminated
+    _terminated = os.getpid()
+    raise SystemExit(EXIT_STATUS)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
