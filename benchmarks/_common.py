@@ -734,14 +734,19 @@ if __name__ == "__main__":
     _load_main(sys.argv[2:])
 
 
-def worker_deliveries(url: str, workers: int) -> dict[str, dict[str, Any]]:
-    """Each worker's ``/health`` delivery counts (new connections until ``workers`` answered)."""
+def worker_healths(url: str, workers: int) -> dict[str, dict[str, Any]]:
+    """Each worker's ``/health`` (new connections until ``workers`` answered)."""
     seen: dict[str, dict[str, Any]] = {}
     for _ in range(400):
         connection = RawConnection(url)
         _, health = connection.get("/health")
         connection.close()
-        seen[health["worker"]] = health.get("deliveries", {})
+        seen[health["worker"]] = health
         if len(seen) == workers:
             break
     return seen
+
+
+def worker_deliveries(url: str, workers: int) -> dict[str, dict[str, Any]]:
+    """Each worker's ``/health`` delivery counts."""
+    return {w: h.get("deliveries", {}) for w, h in worker_healths(url, workers).items()}
