@@ -15,12 +15,12 @@ import socket
 import threading
 from collections.abc import Iterator
 
-import aiohttp
 import pytest
 from websockets.asyncio.server import serve
 
 from gym_sessions.client.async_http import AsyncHTTPClient
 from gym_sessions.client.async_websocket import AsyncWebSocketClient
+from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.client.exchange import Reply, Request
 from gym_sessions.client.http import HTTPClient
 from gym_sessions.errors import (
@@ -238,17 +238,21 @@ def test_an_async_client_on_a_shared_pool_leaves_the_pool_open_and_names_its_tim
     server = scripted("reply", "hold")
 
     async def main() -> None:
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=0.3)
-        async with aiohttp.ClientSession(timeout=timeout) as pool:
-            client = AsyncHTTPClient(server.url, pool=pool)
-            assert (await client.send(RESENDABLE)).json() == {"ok": 1}
-            assert client.cookie == "abc"
-            with pytest.raises(ReplyTimeoutError, match=r"within 0\.3 s"):
-                await client.send(NOT_RESENDABLE)
-            await client.close()
-            assert not pool.closed
-            # The pool's owner picks the transport, TLS included.
-            assert AsyncHTTPClient("https://example.org", pool=pool).url == "https://example.org"
+        pool = ConnectionPool(server.url, timeout=0.3)
+        client = AsyncHTTPClient(server.url, pool=pool)
+        assert (await client.send(RESENDABLE)).json() == {"ok": 1}
+        assert client.cookie == "abc"
+        with pytest.raises(ReplyTimeoutError, match=r"within 0\.3 s"):
+            await client.send(NOT_RESENDABLE)
+        await client.close()
+        # Still open: another session's request goes through it.
+        other = AsyncHTTPClient(server.url, pool=pool)
+        assert (await other.send(RESENDABLE)).json() == {"ok": 1}
+        await pool.close()
+        # The pool's owner picks the transport, TLS included.
+        tls = ConnectionPool("https://example.org")
+        client = AsyncHTTPClient("https://example.org", pool=tls)
+        assert client.url == "https://example.org" and client.ssl_context is tls.ssl_context
 
     asyncio.run(main())
 

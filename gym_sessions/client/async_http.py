@@ -9,8 +9,7 @@ the holder. No cookie jar: the session cookie is kept by hand
 never see each other's cookie. Many sessions may share connections instead
 (``pool=``): a `ConnectionPool` sends each request on its session's holder's
 connection (`gym_sessions.client.connection_pool`; the agent server's env
-sessions use one per env server); an aiohttp pool may be passed too, whose
-connections, timeouts and ``https`` settings apply.
+sessions use one per env server), with its timeout and ``https`` settings.
 
 Like the blocking shell, this module only moves bytes and names how a send
 failed; the rules are `gym_sessions.client.exchange`'s and
@@ -18,24 +17,19 @@ failed; the rules are `gym_sessions.client.exchange`'s and
 
 `AsyncHTTPClient.close_soon` closes the connection without ``await``, from
 any thread, even after its event loop has closed: an env collected or still
-open at interpreter exit leaves no socket or aiohttp "Unclosed client
-session" message behind.
+open at interpreter exit leaves no socket and no "Unclosed" warning behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import ssl
-from collections.abc import Iterator, Mapping
-
-import aiohttp
+from collections.abc import Mapping
 
 from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.client.exchange import (
     Exchange,
-    Failure,
     HTTPClientBase,
     Reply,
     Request,
@@ -59,25 +53,12 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-@contextlib.contextmanager
-def _send_failures() -> Iterator[None]:
-    """Report aiohttp's errors of a send as `TransportFailure`."""
-    try:
-        yield
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-        raise TransportFailure(Failure.UNREACHABLE, str(exc)) from exc
-    except TimeoutError as exc:
-        raise TransportFailure.of(Failure.TIMEOUT, exc) from exc
-    except aiohttp.ClientError as exc:
-        raise TransportFailure.of(Failure.LOST, exc) from exc
-
-
 class AsyncHTTPClient(HTTPClientBase):
     """``await send(request)`` over one kept-alive connection (see `HTTPClientBase`).
 
     The connection (`Http11Connection`) is opened on first use, inside the
     running event loop, and belongs to that loop; with ``pool=`` the requests
-    go through that aiohttp session instead.
+    go through that pool's connections instead.
 
     Args:
         url: As for `HTTPClientBase`.
@@ -87,10 +68,9 @@ class AsyncHTTPClient(HTTPClientBase):
         cookie_name: As for `HTTPClientBase`.
         headers: As for `HTTPClientBase`.
         ssl_context: As for `HTTPClientBase`.
-        pool: Connections shared with other sessions, which `close` leaves
-            open: a `ConnectionPool` of the same origin (its ``timeout`` and TLS
-            settings apply), or an aiohttp session (its connector, timeouts and
-            TLS settings apply; its cookie jar is not used).
+        pool: A `ConnectionPool` of the same origin shared with other
+            sessions, which `close` leaves open: its ``timeout`` and TLS
+            settings apply (not ``timeout`` nor ``ssl_context``).
 
     Raises:
         ValueError: as for `HTTPClientBase`, or a pool of another origin.
@@ -109,13 +89,10 @@ class AsyncHTTPClient(HTTPClientBase):
         cookie_name: str = SESSION_COOKIE,
         headers: Mapping[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        pool: ConnectionPool | aiohttp.ClientSession | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
-        if isinstance(pool, ConnectionPool):
+        if pool is not None:
             timeout, ssl_context = pool.timeout, pool.ssl_context
-        elif pool is not None:
-            # ReplyTimeoutError names the wait the pool allows for a reply.
-            timeout = pool.timeout.sock_read or pool.timeout.total or math.inf
         super().__init__(
             url,
             timeout=timeout,
@@ -126,14 +103,14 @@ class AsyncHTTPClient(HTTPClientBase):
             ssl_context=ssl_context,
         )
         self._pool = pool
-        if isinstance(pool, ConnectionPool) and not pool.serves(
-            "https" if self.ssl_context is not None else "http", self._host, self._port
-        ):
-            raise ValueError(f"the pool is for {pool.url}, not {url}")
         #: The worker holding this client's session, as its last reply named it.
         self.holder: str | None = None
-        if isinstance(pool, ConnectionPool) and pool.max_reply_bytes is not None:
-            self.max_decompressed_reply = pool.max_reply_bytes  # bounded after decompression too
+        if pool is not None:
+            scheme = "https" if self.ssl_context is not None else "http"
+            if not pool.serves(scheme, self._host, self._port):
+                raise ValueError(f"the pool is for {pool.url}, not {url}")
+            if pool.max_reply_bytes is not None:
+                self.max_decompressed_reply = pool.max_reply_bytes  # after decompression too
 
     def _connected(self) -> Http11Connection:
         loop = asyncio.get_running_loop()
@@ -185,26 +162,16 @@ class AsyncHTTPClient(HTTPClientBase):
             return await connection.round_trip(
                 exchange.method, target, exchange.headers, exchange.payload
             )
-        if isinstance(self._pool, ConnectionPool):
-            # A session's first start over another's connection (a vector env's
-            # group) asks for that session's worker: it starts beside it.
-            reply, sender.holder = await self._pool.round_trip(
-                sender.holder or self.holder,
-                exchange.method,
-                target,
-                exchange.headers,
-                exchange.payload,
-            )
-            return reply
-        url = self.url + exchange.path
-        with _send_failures():
-            async with self._pool.request(
-                exchange.method, url, data=exchange.payload or None, headers=exchange.headers
-            ) as response:
-                headers = list(response.headers.items())
-                if self._pool.auto_decompress:  # its body comes decoded: say so
-                    headers = [(k, v) for k, v in headers if k.lower() != "content-encoding"]
-                return response.status, headers, await response.read()
+        # A session's first start over another's connection (a vector env's
+        # group) asks for that session's worker: it starts beside it.
+        reply, sender.holder = await self._pool.round_trip(
+            sender.holder or self.holder,
+            exchange.method,
+            target,
+            exchange.headers,
+            exchange.payload,
+        )
+        return reply
 
     async def close(self) -> None:
         """Close the connection (a later request opens a new one)."""

@@ -635,7 +635,8 @@ class SessionRouter:
         """Forward a start to ``worker_id``; False if it had no room (nothing was sent)."""
         assert self.forwarder is not None
         refused = False
-        send = _marking_forwarded(scope, send)  # reached only by a reply the client gets
+        # Reached only by a reply the client gets.
+        send = _marking_forwarded(scope, send, self.relayed_by_hint)
 
         async def send_unless_refused(message: Message) -> None:
             nonlocal refused
@@ -646,7 +647,7 @@ class SessionRouter:
             if not refused:
                 await send(message)
 
-        target: Send = _with_header(send_unless_refused, self.relayed_by_hint)
+        target: Send = send_unless_refused
         if self.worker_header is not None:
             target = _with_header(target, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
@@ -748,13 +749,12 @@ class SessionRouter:
             # The holder may be full (it holds a closed session's claim): its
             # private no-room mark is for workers, never for the client.
             reply_send = _without_header(reply_send, NO_ROOM_HEADER)
-        reply_send = _with_header(reply_send, self.relayed_by_hint)
         if self.worker_header is not None:
             reply_send = _with_header(reply_send, (FORWARDED_BY_HEADER, self.worker_header[1]))
         try:
             # Always cancellable: cancelling the hop closes its connection, and the
             # holder decides for its handler as it would for a client of its own.
-            marked = _marking_forwarded(scope, reply_send)
+            marked = _marking_forwarded(scope, reply_send, self.relayed_by_hint)
             forward = self.forwarder.forward(holder, scope, body, watch.watching(marked))
             await watch.run(forward, cancellable=True)
         except HolderRefusedError as error:
@@ -886,12 +886,14 @@ class SessionRouter:
                 await claims.leave(sid)
 
 
-def _marking_forwarded(scope: Scope, send: Send) -> Send:
-    """``send``, noting in ``scope`` that the reply came from another worker (`Served`)."""
+def _marking_forwarded(scope: Scope, send: Send, relayed_by: tuple[bytes, bytes]) -> Send:
+    """``send`` for a reply from another worker: noted in ``scope`` (`Served`), and
+    ``relayed_by`` added (the client's connection stays here, `worker_hints`)."""
 
     async def send_forwarded(message: Message) -> None:
         if message["type"] == "http.response.start":
             scope[SERVED_SCOPE_KEY] = Served.FORWARDED
+            message["headers"] = [*message.get("headers", []), relayed_by]
         await send(message)
 
     return send_forwarded

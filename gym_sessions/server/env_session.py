@@ -21,8 +21,6 @@ import secrets
 import uuid
 from typing import Any
 
-import aiohttp
-
 from gym_sessions.client.async_http import AsyncHTTPClient
 from gym_sessions.client.connection_pool import ConnectionPool
 from gym_sessions.client.exchange import Request
@@ -78,15 +76,14 @@ class EnvSession:
     """One session on the env server at ``url``.
 
     Args:
-        client: The agent's connections to the env server (`AgentServer.env_pool`),
-            or an aiohttp session (its cookie jar is not used).
+        client: The agent's connections to the env server (`AgentServer.env_pool`).
         url: The env server's base URL.
 
     Raises:
         BadGatewayError: ``url`` is not an ``http(s)://host:port`` URL.
     """
 
-    def __init__(self, client: ConnectionPool | aiohttp.ClientSession, url: str) -> None:
+    def __init__(self, client: ConnectionPool, url: str) -> None:
         self.url = url.rstrip("/")
         try:
             self._http = AsyncHTTPClient(self.url, pool=client)

@@ -62,3 +62,14 @@ async def test_an_error_the_holder_sends_names_it_and_a_hint_never_routes(start_
     assert_reached_by(c, bad, c[1])
     step = await c[1].request("POST", "/step", {"action": 1}, cookie=start.cookie, headers=forged)
     assert step.status == 200 and step.json["observation"] == 1
+
+
+async def test_a_start_a_full_worker_offers_another_names_that_holder_and_its_relay(start_clusters):
+    # The other relay path: a full worker hands the start on (`_offer_start`).
+    c = await start_clusters(counter_server, 2, max_sessions=1)
+    first = await c[0].request("POST", "/reset", {"resources_session_id": new_id()})
+    assert first.headers.getall(HOLDER_HEADER) == [c[0].id]
+    offered = await c[0].request("POST", "/reset", {"resources_session_id": new_id()})
+    assert offered.status == 200
+    assert offered.headers.getall(HOLDER_HEADER) == [c[1].id]
+    assert offered.headers.getall(RELAYED_BY_HEADER) == [c[0].id]
