@@ -3,7 +3,7 @@
 Every client request goes through a shell that only moves bytes:
 `gym_sessions.client.http.HTTPClient` (blocking),
 `gym_sessions.client.async_http.AsyncHTTPClient` (asyncio: our own HTTP/1.1
-connection, a shared `ConnectionPool`, or an aiohttp pool; `RemoteVectorEnv`
+connection, or a shared `ConnectionPool`; `RemoteVectorEnv`
 uses it too) or `gym_sessions.client.async_websocket.AsyncWebSocketClient`
 (``/ws``). Each shell turns its library's errors into a `TransportFailure` and
 leaves every decision to an `Exchange`, so the rules below are written once:
