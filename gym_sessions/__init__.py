@@ -131,7 +131,7 @@ __all__ = [
     "run_episodes",
 ]
 
-# The client (with aiohttp, half a worker's import time) loads on first use:
+# The client (numpy codecs, its connections, the vector loop) loads on first use:
 # a server's workers import this package but never the client.
 __getattr__, __dir__ = lazy_names(
     globals(),
