@@ -50,7 +50,7 @@ import threading
 import weakref
 from types import FrameType
 
-__all__ = ["EXIT_STATUS", "hold", "release", "stop_if_terminated"]
+__all__ = ["EXIT_STATUS", "exit_if_pending", "hold", "release", "stop_if_terminated"]
 
 #: The exit status of a client process that SIGTERM stopped (as a shell reports it).
 EXIT_STATUS = 128 + signal.SIGTERM
@@ -62,6 +62,8 @@ _lock = threading.Lock()
 _installed_by: int | None = None
 # The process whose handler raised SystemExit (which a finalizer may have swallowed).
 _terminated: int | None = None
+# The process whose handler scheduled SystemExit on a running loop (not raised yet).
+_pending: int | None = None
 
 
 def hold(owner: object) -> None:
@@ -90,7 +92,26 @@ def stop_if_terminated() -> None:
     Called by each reset and step: it ends a loop whose first ``SystemExit``
     a finalizer swallowed. Only in the main thread, where the handler raised it.
     """
-    if _terminated == os.getpid() and threading.current_thread() is threading.main_thread():
+    global _terminated
+    pid = os.getpid()
+    if pid in (_terminated, _pending) and threading.current_thread() is threading.main_thread():
+        # A SystemExit scheduled on a loop that stopped before it ran is raised here.
+        _terminated = pid
+        raise SystemExit(EXIT_STATUS)
+
+
+def exit_if_pending() -> None:
+    """Raise the ``SystemExit(143)`` a SIGTERM scheduled on a loop that stopped first.
+
+    For code that runs a loop to completion and returns (a vector env's step):
+    called right after, so the exit comes at the end of the interrupted call,
+    not at the start of a later run (the exit's own closes). Never twice.
+    """
+    global _terminated
+    pid = os.getpid()
+    main = threading.current_thread() is threading.main_thread()
+    if _pending == pid and _terminated != pid and main:
+        _terminated = pid
         raise SystemExit(EXIT_STATUS)
 
 
@@ -117,7 +138,7 @@ def _uninstall() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    global _installed_by, _terminated
+    global _installed_by, _terminated, _pending
     # No lock here: the main thread may hold it where the signal came in.
     ours = _installed_by == os.getpid()
     signal.signal(signum, signal.SIG_DFL)
@@ -130,8 +151,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         # Inside a running event loop (an async client, a vector env's step): raise
         # from one of its callbacks, where every task waits at an ``await``, not
         # at whatever bytecode the signal interrupted (a coroutine made and never
-        # awaited, a reply half read), as asyncio.run does for Ctrl-C. Until then
-        # `stop_if_terminated` stays quiet: one SystemExit, from one place.
+        # awaited, a reply half read), as asyncio.run does for Ctrl-C. If the loop
+        # stops first, `exit_if_pending` or `stop_if_terminated` raises it.
+        _pending = os.getpid()
         loop.call_soon_threadsafe(_exit)
         return
     _terminated = os.getpid()
@@ -140,6 +162,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def _exit() -> None:
     global _terminated
+    if _terminated == os.getpid():
+        return  # raised already (`stop_if_terminated`): the exit's own closes run on
     _terminated = os.getpid()
     raise SystemExit(EXIT_STATUS)
 

@@ -135,7 +135,9 @@ class _VectorLoop:
     def _run_here(self, coroutine: Coroutine[Any, Any, T]) -> T:
         task = self.loop.create_task(coroutine)
         try:
-            return self.loop.run_until_complete(task)
+            result = self.loop.run_until_complete(task)
+            sigterm.exit_if_pending()  # a SIGTERM that came as the run ended
+            return result
         except BaseException:
             # An interrupted caller (KeyboardInterrupt) must not leave requests
             # running: every task still pending here is this call's.
