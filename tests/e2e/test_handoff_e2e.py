@@ -302,6 +302,7 @@ async def _step_round_robin(envs: list, counts: list[int], rounds: int) -> None:
             assert observation == counts[k]
 
 
+@NEEDS_HANDOFF  # the pool's spare connections move to their holders by handoff
 async def test_sessions_sharing_a_connection_pool_never_hop_once_it_knows_their_holders(server):
     # 16 sessions over one ConnectionPool: the replies' hints file each
     # connection under the worker it reaches, so once every holder has one, not
